@@ -1,0 +1,44 @@
+"""trainparity: test the semantics of PyTorch training code in unittest and pytest suites.
+
+A thin public namespace over private modules; importing it starts no process.
+"""
+
+from trainparity._compare import ExactComparison, ToleranceComparison
+from trainparity._recipe import LossAccounting, Recipe
+from trainparity._result import (
+    AccumulationResult,
+    ChildError,
+    CoverageResult,
+    DataParallelResult,
+    Outcome,
+    Result,
+    ResumeResult,
+    Violation,
+)
+from trainparity._resume import check_resume
+from trainparity._state import State, load_state, save_state
+from trainparity._testing import RecipeError, TestCase, TrainParityMixin
+from trainparity._version import __version__
+
+__all__ = [
+    "AccumulationResult",
+    "ChildError",
+    "CoverageResult",
+    "DataParallelResult",
+    "ExactComparison",
+    "LossAccounting",
+    "Outcome",
+    "Recipe",
+    "RecipeError",
+    "Result",
+    "ResumeResult",
+    "State",
+    "TestCase",
+    "ToleranceComparison",
+    "TrainParityMixin",
+    "Violation",
+    "__version__",
+    "check_resume",
+    "load_state",
+    "save_state",
+]

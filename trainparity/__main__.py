@@ -1,0 +1,5 @@
+import sys
+
+from trainparity._cli import main
+
+sys.exit(main())

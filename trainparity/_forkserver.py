@@ -1,0 +1,137 @@
+"""The warmed fork server: a process that has paid torch's start-up costs once and forks children.
+
+It imports torch, numpy and trainparity, builds an optimizer and takes a step (torch
+imports much lazily on first use), restores every RNG stream it touched, and then forks
+one child per request. It never imports the user's modules, so each child imports them
+anew; each child starts its own session (process group) so that the parent can kill a
+child's whole tree.
+
+Protocol on stdin/stdout, one line each:
+  parent -> server: `RUN <job> <request file>`
+  server -> parent: `STARTED <job> <pid>`, `EXIT <job> <exit code> <signal number>`
+End of stdin means the parent is gone: the server kills its children and exits.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+
+
+def warm_up() -> None:
+    """Pay torch's lazy first-use costs here, once, instead of in every child."""
+    import io
+    import random
+
+    import numpy as np
+    import torch
+
+    from trainparity import _child, _snapshot  # noqa: F401 - imported to be warm in children
+    from trainparity._state import capture_rng, restore_rng
+
+    streams = capture_rng()
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(4, 1))
+    for optimizer in (torch.optim.AdamW(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)):
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        loss = torch.nn.functional.mse_loss(model(torch.randn(3, 4)), torch.zeros(3, 1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+    buffer = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
+    buffer.seek(0)
+    torch.load(buffer, weights_only=True)
+    for module in ("trainparity._resume", "trainparity._accumulation", "trainparity._data_parallel"):
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+    restore_rng(streams)
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
+
+
+def run_child(request_path: str, protocol_fds: tuple[int, int]) -> None:
+    """In the forked child: detach from the server, then run the request. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(2, 1)  # the user's prints go to stderr, never into the protocol pipe
+        for fd in (devnull, *protocol_fds):
+            if fd > 2:
+                os.close(fd)
+        from trainparity._child import run_request
+
+        code = run_request(request_path)
+    except BaseException:  # noqa: BLE001 - a child must never fall back into the server loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    # Protocol pipes moved off fds 0/1 so that nothing the children print can reach them.
+    inbound, outbound = os.dup(0), os.dup(1)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    os.dup2(2, 1)
+    warm_up()
+    children: dict[int, str] = {}
+
+    def send(line: str) -> None:
+        os.write(outbound, (line + "\n").encode())
+
+    send("READY")
+    buffer = b""
+    while True:
+        readable, _, _ = select.select([inbound], [], [], 0.002 if children else None)
+        if readable:
+            chunk = os.read(inbound, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                command, job, request_path = line.decode().split(" ", 2)
+                if command != "RUN":
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    run_child(request_path, (inbound, outbound))
+                children[pid] = job
+                send(f"STARTED {job} {pid}")
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            job = children.pop(pid, None)
+            if job is None:
+                continue
+            if os.WIFSIGNALED(status):
+                send(f"EXIT {job} -1 {os.WTERMSIG(status)}")
+            else:
+                send(f"EXIT {job} {os.waitstatus_to_exitcode(status)} 0")
+    for pid in children:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,130 @@
+"""Rendering results: stable text for humans and snapshots, deterministic JSON for tools.
+
+The text is ASCII with no trailing whitespace and nothing run-specific (PIDs, timings,
+temporary paths, addresses), so that `assertExpectedInline(result.report(), ...)` holds
+from run to run and expecttest 0.3.0 can accept it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from trainparity._result import JsonValue, Violation, json_safe
+from trainparity._version import __version__
+
+if TYPE_CHECKING:
+    from trainparity._result import Result
+
+SCHEMA_VERSION = 1
+#: how many violations the text report lists before summarizing the rest
+LISTED_VIOLATIONS = 10
+
+
+def ascii_text(text: str) -> str:
+    """Make text safe for snapshots: ASCII only, no trailing spaces on any line."""
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    return "\n".join(line.rstrip() for line in text.splitlines())
+
+
+def relative_paths(text: str) -> str:
+    """Replace machine-specific absolute paths (working directory, interpreter prefixes)."""
+    replacements = [(os.getcwd() + os.sep, "")]
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        replacements.append((prefix + os.sep, "<python>/"))
+    for old, new in sorted(replacements, key=lambda r: -len(r[0])):
+        text = text.replace(old, new)
+    return text
+
+
+def format_value(value: JsonValue) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list) and len(value) > 12:
+        return "[" + ", ".join(format_value(v) for v in value[:12]) + f", ... ({len(value)} items)]"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def violation_location(v: Violation) -> str:
+    """`path (step 3, rank 1, cause: not_restored)`: where and what kind of divergence."""
+    where = []
+    for name in ("epoch", "step", "rank", "worker", "position"):
+        value = getattr(v, name)
+        if value is not None:
+            where.append(f"{name} {value}")
+    if v.sample_id is not None:
+        where.append(f"sample {v.sample_id!r}")
+    where.append(f"kind: {v.kind}")
+    if v.cause is not None:
+        where.append(f"cause: {v.cause}")
+    return f"{v.path} ({', '.join(where)})"
+
+
+def _config_line(config: dict[str, JsonValue]) -> str:
+    return ", ".join(f"{key}={format_value(config[key])}" for key in sorted(config))
+
+
+def render_text(result: Result) -> str:
+    lines = [f"trainparity {result.check} check: {result.outcome.value}"]
+    if result.config:
+        lines.append(f"config: {_config_line(result.config)}")
+    if result.reason is not None:
+        lines.append(f"reason: {result.reason}")
+    first = result.first_violation
+    if first is not None:
+        lines += ["", f"First violation: {violation_location(first)}"]
+        lines += ["  " + line if line else "" for line in first.message.splitlines()]
+        if first.expected is not None or first.actual is not None:
+            lines.append(f"  expected: {format_value(first.expected)}")
+            lines.append(f"  actual:   {format_value(first.actual)}")
+    if len(result.violations) > 1:
+        lines += ["", f"All violations ({len(result.violations)}):"]
+        for index, v in enumerate(result.violations[:LISTED_VIOLATIONS], start=1):
+            lines.append(f"  {index}. {violation_location(v)}")
+        hidden = len(result.violations) - LISTED_VIOLATIONS
+        if hidden > 0:
+            lines.append(f"  ... and {hidden} more (result.violations has them all)")
+    if result.error is not None:
+        lines += ["", f"Error: {result.error.headline()}"]
+        if result.error.traceback:
+            lines += ["", "Traceback from the recipe:"]
+            lines += ["  " + line for line in result.error.traceback.rstrip().splitlines()]
+    if result.notes:
+        lines += ["", "Notes:"]
+        lines += [f"  - {note}" for note in result.notes]
+    return ascii_text(relative_paths("\n".join(lines)))
+
+
+def render_json(result: Result, *, include_environment: bool = False) -> str:
+    error = None
+    if result.error is not None:
+        error = {k: (relative_paths(v) if isinstance(v, str) else v) for k, v in result.error.to_dict().items()}
+    document: dict[str, JsonValue] = {
+        "schema_version": SCHEMA_VERSION,
+        "trainparity_version": __version__,
+        "check": result.check,
+        "outcome": result.outcome.value,
+        "config": json_safe(result.config),
+        "reason": result.reason,
+        "counts": json_safe(result.counts),
+        "first_violation": None if result.first_violation is None else result.first_violation.to_dict(),
+        "violations": [v.to_dict() for v in result.violations],
+        "notes": list(result.notes),
+        "error": json_safe(error),
+    }
+    if include_environment:
+        import platform
+
+        import torch
+
+        document["environment"] = {
+            "python": platform.python_version(),
+            "torch": str(torch.__version__),
+            "cwd": os.getcwd(),
+            "pid": os.getpid(),
+        }
+    return json.dumps(document, sort_keys=True, indent=2, ensure_ascii=True)

@@ -1,0 +1,172 @@
+"""Outcomes, violations and results: the records every check produces.
+
+Shaped after torch.testing's mismatch records: small, flat, carrying a dotted path,
+rendered into one message by the report module. Everything here is JSON-friendly so
+that `Result.to_json()` needs no special cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import Counter
+from typing import Any, ClassVar, TypeAlias
+
+JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+
+
+class Outcome(str, enum.Enum):
+    """The verdict of a check."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    #: The evidence is missing or ambiguous (e.g. the baseline is not reproducible): never a guess.
+    ABSTAIN = "ABSTAIN"
+    #: The user's code raised, hung past the timeout, or its process died.
+    ERROR = "ERROR"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Violation:
+    """One observed divergence.
+
+    `kind` says what was observed (snake_case), `path` where (dotted, rooted at a State
+    entry, `rng.<stream>`, `data.sample_ids`, `loss`, a phase or `coverage.<kind>`),
+    `message` the torch.testing-style detail. `cause` is a diagnosis code where one is
+    known; it names the first observed divergence, not a proven root cause. Fields that
+    do not apply are None, never 0 by default.
+    """
+
+    kind: str
+    path: str
+    message: str
+    step: int | None = None
+    expected: JsonValue = None
+    actual: JsonValue = None
+    cause: str | None = None
+    sample_id: int | str | None = None
+    rank: int | None = None
+    epoch: int | None = None
+    position: int | None = None
+    worker: int | None = None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildError:
+    """Why a check ended in ERROR: the user's exception, a timeout, or a dead process."""
+
+    #: "raised", "timeout" or "died"
+    kind: str
+    #: which run of the check failed, e.g. "baseline", "interrupted", "resumed", "rank 1"
+    phase: str
+    message: str
+    exc_type: str | None = None
+    #: the child's traceback text, paths shown relative to the working directory
+    traceback: str | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    rank: int | None = None
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def headline(self) -> str:
+        if self.kind == "raised":
+            return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
+        if self.kind == "timeout":
+            return f"{self.phase}: {self.message}"
+        return f"{self.phase}: the process died ({self.message})"
+
+
+@dataclasses.dataclass
+class Result:
+    """The common shape of every check's result.
+
+    `violations` holds everything found, in observation order; `notes` holds what the
+    report should say but does not fail the check (a skipped phase, an RNG stream that
+    was not restored but changed nothing); `config` the check's declared parameters.
+    """
+
+    check: ClassVar[str] = "check"
+
+    outcome: Outcome
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    config: dict[str, JsonValue] = dataclasses.field(default_factory=dict)
+    #: one line saying why, for ABSTAIN and ERROR
+    reason: str | None = None
+    error: ChildError | None = None
+    #: the live exception when the user's code ran in this process (isolation="inprocess")
+    exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def first_violation(self) -> Violation | None:
+        return self.violations[0] if self.violations else None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """How many violations of each kind were found."""
+        return dict(sorted(Counter(v.kind for v in self.violations).items()))
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome is Outcome.PASS
+
+    def report(self) -> str:
+        """Stable, ASCII, human-readable text: the form expecttest snapshots."""
+        from trainparity._report import render_text
+
+        return render_text(self)
+
+    def to_json(self, *, include_environment: bool = False) -> str:
+        """Deterministic JSON (sorted keys, schema_version, trainparity_version).
+
+        No PIDs, timings or absolute paths unless `include_environment=True`.
+        """
+        from trainparity._report import render_json
+
+        return render_json(self, include_environment=include_environment)
+
+    def __str__(self) -> str:
+        return self.report()
+
+
+class ResumeResult(Result):
+    check: ClassVar[str] = "resume"
+
+
+class AccumulationResult(Result):
+    check: ClassVar[str] = "accumulation"
+
+
+class CoverageResult(Result):
+    check: ClassVar[str] = "coverage"
+
+
+class DataParallelResult(Result):
+    check: ClassVar[str] = "data_parallel"
+
+
+def json_safe(value: Any) -> JsonValue:
+    """Coerce a small value into JSON: numbers, strings, lists and string-keyed dicts."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else repr(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "ndim", 1) == 0:
+        return json_safe(item())
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return json_safe(tolist())
+    return repr(value)

@@ -1,0 +1,237 @@
+"""`check_resume`: save, real process exit, fresh-process load and continue vs uninterrupted training.
+
+Runs (each in a fresh process): two uninterrupted baselines and the interrupted run that
+trains to `resume_at` and saves, concurrently; then the resumed run that loads and trains
+the rest. Judgement, in observation order: the State right after `load` against the State
+right after `save` (cause `not_restored`), then per resumed step the RNG streams at the
+start of the step, the batch's sample IDs, the loss and the State after the step against
+the baseline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_snapshots, resolve_comparison
+from trainparity._engine import Job, JobOutcome, run_jobs, validate_isolation, validate_timeout
+from trainparity._recipe import resolve_recipe
+from trainparity._result import Outcome, ResumeResult, Violation
+from trainparity._trace import StepRecord, TrainPayload, diff_steps
+
+TASK = "trainparity._trace:train_run"
+
+
+def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps= must be an int >= 2 (one step before and one after the resume), got {steps!r}")
+    if resume_at is None:
+        return steps, steps // 2
+    if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at <= steps - 1:
+        raise ValueError(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
+    return steps, resume_at
+
+
+def check_resume(
+    recipe: object,
+    *,
+    steps: int = 6,
+    resume_at: int | None = None,
+    comparison: object = None,
+    seed: int = 0,
+    isolation: str = "process",
+    timeout: float = 120.0,
+) -> ResumeResult:
+    """Check that saving at `resume_at`, exiting, loading in a fresh process and continuing
+    reproduces `steps` steps of uninterrupted training. Never raises for a FAIL.
+
+    `resume_at` defaults to `steps // 2`. `isolation` is "process" (a child of the warmed
+    fork server), "spawn" (a new interpreter) or "inprocess" (no isolation, for debugging).
+    """
+    ref = resolve_recipe(recipe)
+    steps, resume_at = _validate_steps(steps, resume_at)
+    declared = resolve_comparison(comparison)
+    isolation = validate_isolation(isolation)
+    timeout = validate_timeout(timeout)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    config: dict[str, Any] = {
+        "recipe": ref.name,
+        "steps": steps,
+        "resume_at": resume_at,
+        "seed": seed,
+        "comparison": declared.describe(),
+        "isolation": isolation,
+    }
+    checkpoint_dir = tempfile.mkdtemp(prefix="trainparity-checkpoint-")
+    try:
+        checkpoint = f"{checkpoint_dir}/checkpoint"
+        run = TrainPayload(ref, seed, 1, steps, checkpoint)
+        first = run_jobs(
+            [
+                Job(TASK, run, "baseline", timeout),
+                Job(TASK, run, "baseline (repeat)", timeout),
+                Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout),
+            ],
+            isolation=isolation,
+        )
+        failed = _error_result(first, config)
+        if failed is not None:
+            return failed
+        resumed_payload = dataclasses.replace(run, first=resume_at + 1, load=True)
+        second = run_jobs([Job(TASK, resumed_payload, "resumed", timeout)], isolation=isolation)
+        failed = _error_result(second, config)
+        if failed is not None:
+            return failed
+    finally:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    outputs = [o.output for o in (*first, *second)]
+    assert all(output is not None for output in outputs)
+    baseline, repeat, interrupted, resumed = (o for o in outputs if o is not None)
+    return judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
+
+
+def _error_result(outcomes: Sequence[JobOutcome], config: dict[str, Any]) -> ResumeResult | None:
+    for outcome in outcomes:
+        if outcome.error is not None:
+            return ResumeResult(
+                Outcome.ERROR,
+                config=config,
+                reason=outcome.error.headline().splitlines()[0],
+                error=outcome.error,
+                exception=outcome.exception,
+            )
+    return None
+
+
+def _records(trace: dict[str, Any]) -> list[StepRecord]:
+    return [StepRecord.from_dict(step) for step in trace["steps"]]
+
+
+def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
+    return Violation(
+        kind=kind,
+        path=mismatch.path,
+        message=f"{preface}\n{mismatch.message}" if preface else mismatch.message,
+        step=step,
+        expected=mismatch.expected,
+        actual=mismatch.actual,
+        cause=cause,
+    )
+
+
+def _nondeterminism(
+    expected: list[StepRecord], actual: list[StepRecord], comparison: Comparison, what: str
+) -> Violation | None:
+    for a, b in zip(expected, actual, strict=False):
+        for difference in diff_steps(a, b, comparison):
+            return _violation(
+                "nondeterministic_baseline",
+                difference.mismatch,
+                a.step,
+                "baseline_nondeterministic",
+                f"{what} at step {a.step}: the recipe is not reproducible, so resume equivalence cannot be judged.",
+            )
+    return None
+
+
+def _split_rng(snapshot: Snapshot) -> tuple[Snapshot, Snapshot]:
+    state = {p: v for p, v in snapshot.items() if not p.startswith("rng.")}
+    rng = {p: v for p, v in snapshot.items() if p.startswith("rng.")}
+    return state, rng
+
+
+def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str]) -> tuple[str | None, int | str, int]:
+    """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped)."""
+    expected = baseline[index].sample_ids or []
+    position = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a),
+                    min(len(expected), len(actual)))
+    sample: int | str = actual[position] if position < len(actual) else expected[position]
+    earlier = {i for record in baseline[:index] for i in record.sample_ids or []}
+    later = {i for record in baseline[index + 1:] for i in record.sample_ids or []}
+    if position < len(actual) and actual[position] in earlier:
+        return "data_replayed", sample, position
+    if position < len(actual) and actual[position] in later:
+        return "data_skipped", sample, position
+    return None, sample, position
+
+
+def judge_resume(
+    baseline: dict[str, Any],
+    repeat: dict[str, Any],
+    interrupted: dict[str, Any],
+    resumed: dict[str, Any],
+    resume_at: int,
+    comparison: Comparison,
+    config: dict[str, Any],
+) -> ResumeResult:
+    base, again, before, after = (_records(t) for t in (baseline, repeat, interrupted, resumed))
+    for other, what in ((again, "Two uninterrupted runs differ"),
+                        (before, "The interrupted run differs from the uninterrupted one before the save")):
+        found = _nondeterminism(base, other, comparison, what)
+        if found is not None:
+            return ResumeResult(Outcome.ABSTAIN, [found], config=config,
+                                reason=f"baseline not reproducible: {found.path} differs at step {found.step}")
+    violations: list[Violation] = []
+    notes: list[str] = []
+    saved_state, saved_rng = _split_rng(resumed_snapshot(interrupted, "saved"))
+    loaded_state, loaded_rng = _split_rng(resumed_snapshot(resumed, "loaded"))
+    for mismatch in compare_snapshots(saved_state, loaded_state, comparison):
+        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored",
+                                     "The State right after load() differs from the State right after save()."))
+    unrestored = {m.path for m in compare_snapshots(saved_rng, loaded_rng, EXACT)}
+    rng_first: dict[str, tuple[Violation, int]] = {}
+    last_divergence = 0
+    for index, record in enumerate(after, start=resume_at):
+        step = record.step
+        for difference in diff_steps(base[index], record, comparison):
+            mismatch = difference.mismatch
+            if difference.aspect == "rng":
+                if mismatch.path not in rng_first:
+                    cause = "not_restored" if mismatch.path in unrestored else None
+                    preface = (
+                        "The RNG stream at the start of the step differs from uninterrupted training: "
+                        + ("load() did not restore it." if cause else
+                           "it was restored, then consumed between load() and this step (for example by a new "
+                           "DataLoader iterator drawing its base seed).")
+                    )
+                    rng_first[mismatch.path] = (
+                        _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
+                                                            None, None), step, cause, preface),
+                        len(violations),
+                    )
+                continue
+            last_divergence = step
+            if difference.aspect == "data":
+                assert record.sample_ids is not None
+                cause, sample, position = _data_cause(base, index, record.sample_ids)
+                violation = _violation("data_mismatch", mismatch, step, cause,
+                                       "The resumed run trained on other samples than uninterrupted training.")
+                violations.append(dataclasses.replace(violation, sample_id=sample, position=position))
+            elif difference.aspect == "loss":
+                violations.append(_violation("loss_mismatch", mismatch, step, None,
+                                             "The loss differs from uninterrupted training."))
+            else:
+                violations.append(_violation("state_mismatch", mismatch, step, None,
+                                             "The State after the step differs from uninterrupted training."))
+    # An RNG stream is blamed only when something diverged at or after the step it first differed.
+    for offset, (path, (violation, position)) in enumerate(sorted(rng_first.items(), key=lambda i: i[1][1])):
+        assert violation.step is not None
+        if last_divergence >= violation.step:
+            violations.insert(position + offset, violation)
+        else:
+            notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
+                         "but nothing else diverged: reported, not failed.")
+    if any(r.sample_ids is None for r in base):
+        notes.append("data stream not checked: the recipe's sample_ids() returns None.")
+    outcome = Outcome.FAIL if violations else Outcome.PASS
+    return ResumeResult(outcome, violations, notes, config)
+
+
+def resumed_snapshot(trace: dict[str, Any], key: str) -> Snapshot:
+    snapshot: Snapshot | None = trace[key]
+    assert snapshot is not None, f"the run did not record {key}"
+    return snapshot

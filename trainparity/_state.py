@@ -1,0 +1,331 @@
+"""`State`, the walk over its entries, the RNG streams, and the reference save/load.
+
+One walk serves snapshots (`_snapshot.py`) and the reference checkpoint
+(`save_state`/`load_state`): `entry_components` says, for each State entry, which of its
+parts carry state (a `state_dict()`, plain public module attributes, generators,
+tensors, scalars), so that what is saved is exactly what is compared.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import random
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+CHECKPOINT_FORMAT = "trainparity.save_state/1"
+SCALARS = (bool, int, float, str, type(None))
+
+
+class State:
+    """An attribute container for a run's stateful objects: `tp.State(model=..., optimizer=...)`.
+
+    Entries are plain attributes (`state.model`, `state.global_step += 1`); `list(state)`
+    gives their names in insertion order and `state["model"]` also works. There are no
+    public methods, so any name can be an entry.
+    """
+
+    def __init__(self, **entries: Any) -> None:
+        for name, value in entries.items():
+            setattr(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            raise ValueError(f"State entry names must not start with '_': {name!r}")
+        object.__setattr__(self, name, value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(vars(self)))
+
+    def __len__(self) -> int:
+        return len(vars(self))
+
+    def __contains__(self, name: object) -> bool:
+        return name in vars(self)
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return vars(self)[name]
+        except KeyError:
+            raise KeyError(f"State has no entry {name!r}; it has {sorted(vars(self))}") from None
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}={type(value).__name__}" for name, value in vars(self).items())
+        return f"State({inner})"
+
+
+# -- RNG streams -----------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every global stream the harness tracks (torch, numpy, python, cuda)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _float_bits(value: float) -> int:
+    return int(struct.unpack("<q", struct.pack("<d", value))[0])
+
+
+def _bits_float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
+
+
+def capture_rng() -> dict[str, torch.Tensor]:
+    """The global RNG streams as int64/uint8 tensors (safe for `torch.load(weights_only=True)`)."""
+    streams: dict[str, torch.Tensor] = {"torch": torch.get_rng_state()}
+    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    streams["numpy"] = torch.tensor([*keys.tolist(), pos, has_gauss, _float_bits(cached)], dtype=torch.int64)
+    version, internal, gauss_next = random.getstate()
+    extra = [0, 0] if gauss_next is None else [1, _float_bits(gauss_next)]
+    streams["python"] = torch.tensor([version, *internal, *extra], dtype=torch.int64)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        streams["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return streams
+
+
+def restore_rng(streams: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(streams["torch"])
+    values = streams["numpy"].tolist()
+    keys = np.array(values[:624], dtype=np.uint32)
+    np.random.set_state(("MT19937", keys, values[624], values[625], _bits_float(values[626])))
+    values = streams["python"].tolist()
+    gauss = None if values[-2] == 0 else _bits_float(values[-1])
+    random.setstate((values[0], tuple(values[1:-2]), gauss))
+    if "cuda" in streams and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(streams["cuda"]))
+
+
+# -- the walk over State entries -------------------------------------------------------------------
+
+
+def is_leaf(value: Any) -> bool:
+    """Values a snapshot keeps as they are (after copying tensors)."""
+    return isinstance(value, (*SCALARS, torch.Tensor, np.ndarray, np.generic, torch.Generator))
+
+
+def is_plain(value: Any) -> bool:
+    """Leaves and containers of leaves: what a plain attribute may hold to be state."""
+    if isinstance(value, (list, tuple)):
+        return all(is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and is_plain(v) for k, v in value.items())
+    return is_leaf(value) and not isinstance(value, torch.Generator)
+
+
+def module_plain_attributes(module: nn.Module) -> dict[str, Any]:
+    """Public attributes of a module and its submodules that its state_dict does not hold.
+
+    `model.temperature = 0.5`, a step counter on the module, a cached tensor that is not a
+    buffer: state that `load_state_dict` silently leaves behind.
+    """
+    found: dict[str, Any] = {}
+    for prefix, sub in module.named_modules():
+        for name, value in vars(sub).items():
+            if name.startswith("_") or name == "training" or not is_plain(value):
+                continue
+            found[f"{prefix}.{name}" if prefix else name] = value
+    return found
+
+
+def object_attributes(obj: Any) -> dict[str, Any]:
+    """Public state of an object without `state_dict()`: plain values and generators.
+
+    Datasets are data, not state, and are skipped; nested objects are walked one level
+    at a time by the caller (with a visited set, so a loader's sampler is seen once).
+    """
+    try:
+        attributes = vars(obj)
+    except TypeError:
+        return {}
+    found: dict[str, Any] = {}
+    for name, value in attributes.items():
+        if name.startswith("_") or callable(value) and not isinstance(value, (nn.Module, torch.Generator)):
+            continue
+        if isinstance(value, torch.utils.data.Dataset):
+            continue
+        found[name] = value
+    return found
+
+
+def has_state_dict(value: Any) -> bool:
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
+def parameter_names(state: State) -> dict[int, str]:
+    """id(parameter) -> name, so optimizer state can be keyed by name instead of position.
+
+    Names carry no prefix when one module in the State owns parameters (`fc.weight`), and
+    the entry name otherwise (`student.fc.weight`).
+    """
+    owners = [(name, vars(state)[name]) for name in state if isinstance(vars(state)[name], nn.Module)]
+    owners = [(name, m) for name, m in owners if any(True for _ in m.parameters())]
+    names: dict[int, str] = {}
+    for entry, module in owners:
+        for pname, parameter in module.named_parameters():
+            names.setdefault(id(parameter), pname if len(owners) == 1 else f"{entry}.{pname}")
+    return names
+
+
+def optimizer_named_state_dict(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, Any]:
+    """`optimizer.state_dict()` with parameter positions replaced by parameter names."""
+    state_dict = optimizer.state_dict()
+    position_names: dict[int, str] = {}
+    position = 0
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            position_names[position] = names.get(id(parameter), f"param{position}")
+            position += 1
+    groups = []
+    for group in state_dict["param_groups"]:
+        group = dict(group)
+        group["params"] = ",".join(position_names.get(p, f"param{p}") for p in group["params"])
+        groups.append(group)
+    named = {position_names.get(k, f"param{k}"): v for k, v in state_dict["state"].items()}
+    return {"state": named, "param_groups": groups}
+
+
+def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[tuple[str, Any]]:
+    """The state-carrying parts of one State entry as (path, structured value) pairs.
+
+    The structured values are state dicts, containers and leaves; `_snapshot` flattens
+    them into paths, `save_state` stores them. Generators are yielded as they are.
+    """
+    if isinstance(value, torch.optim.Optimizer):
+        yield name, optimizer_named_state_dict(value, names)
+    elif isinstance(value, nn.Module):
+        yield name, value.state_dict()
+        for attribute, attr_value in module_plain_attributes(value).items():
+            yield f"{name}.{attribute}", attr_value
+    elif has_state_dict(value):
+        yield name, value.state_dict()
+    elif is_plain(value) or isinstance(value, torch.Generator):
+        yield name, value
+    else:
+        yield from _object_components(name, value, set(), depth=3)
+
+
+def _object_components(path: str, obj: Any, seen: set[int], depth: int) -> Iterator[tuple[str, Any]]:
+    if id(obj) in seen or depth == 0:
+        return
+    seen.add(id(obj))
+    for attribute, value in object_attributes(obj).items():
+        child = f"{path}.{attribute}"
+        if has_state_dict(value) and not isinstance(value, nn.Module):
+            yield child, value.state_dict()
+        elif is_plain(value) or isinstance(value, torch.Generator):
+            yield child, value
+        elif not isinstance(value, nn.Module):
+            yield from _object_components(child, value, seen, depth - 1)
+
+
+# -- the reference checkpoint ----------------------------------------------------------------------
+
+
+def _to_storable(value: Any) -> Any:
+    """Containers of tensors and scalars only, so the file loads with weights_only=True."""
+    if isinstance(value, torch.Generator):
+        return {"__generator_state__": value.get_state()}
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(value.copy()), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _to_storable(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_storable(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_storable(v) for v in value]
+    return value
+
+
+def _from_storable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__tuple__" in value and len(value) == 1:
+            return tuple(_from_storable(v) for v in value["__tuple__"])
+        if "__ndarray__" in value:
+            return value["__ndarray__"].numpy().astype(value["dtype"])
+        return {k: _from_storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_storable(v) for v in value]
+    return value
+
+
+def save_state(state: State, path: str | pathlib.Path) -> None:
+    """The reference checkpoint: every State entry and every global RNG stream.
+
+    Stored as plain containers of tensors, so `load_state` reads it with
+    `torch.load(weights_only=True)`.
+    """
+    if not isinstance(state, State):
+        raise TypeError(f"save_state() takes a tp.State, got {type(state).__name__}")
+    names = parameter_names(state)
+    components = {}
+    for name in state:
+        for path_, value in entry_components(name, state[name], names):
+            components[path_] = _to_storable(value)
+    document = {"format": CHECKPOINT_FORMAT, "components": components, "rng": capture_rng()}
+    torch.save(document, pathlib.Path(path))
+
+
+def load_state(state: State, path: str | pathlib.Path) -> State:
+    """Restore what `save_state` wrote into `state` (in place) and the RNG streams; returns `state`."""
+    if not isinstance(state, State):
+        raise TypeError(f"load_state() takes a tp.State (e.g. the one setup() returns), got {type(state).__name__}")
+    document = torch.load(pathlib.Path(path), weights_only=True)
+    if not isinstance(document, dict) or document.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} was not written by tp.save_state()")
+    components: dict[str, Any] = document["components"]
+    names = parameter_names(state)
+    for name in state:
+        for path_, current in list(entry_components(name, state[name], names)):
+            if path_ not in components:
+                raise ValueError(f"the checkpoint has no component {path_!r}; was it saved from this recipe?")
+            _restore_component(state, path_, current, _from_storable(components[path_]))
+    restore_rng(document["rng"])
+    return state
+
+
+def _restore_component(state: State, path: str, current: Any, saved: Any) -> None:
+    entry, *attributes = path.split(".")
+    owner: Any = state
+    target_name = entry
+    for attribute in attributes:
+        owner, target_name = getattr(owner, target_name), attribute
+    target = getattr(owner, target_name)
+    if isinstance(target, torch.optim.Optimizer):
+        _load_named_optimizer_state(target, saved, parameter_names(state))
+    elif has_state_dict(target) and not attributes or has_state_dict(target) and not isinstance(target, nn.Module):
+        target.load_state_dict(saved)
+    elif isinstance(target, torch.Generator):
+        target.set_state(saved["__generator_state__"])
+    elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and target.shape == saved.shape:
+        with torch.no_grad():
+            target.copy_(saved)
+    elif isinstance(owner, nn.Module) or isinstance(owner, State) or current != saved:
+        setattr(owner, target_name, saved)
+
+
+def _load_named_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], names: dict[int, str]) -> None:
+    """Inverse of `optimizer_named_state_dict`: map names back to this optimizer's positions."""
+    by_name = {}
+    position = 0
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            by_name[names.get(id(parameter), f"param{position}")] = position
+            position += 1
+    state = {by_name[k]: v for k, v in saved["state"].items()}
+    groups = []
+    for group in saved["param_groups"]:
+        group = dict(group)
+        group["params"] = [by_name[n] for n in group["params"].split(",") if n]
+        groups.append(group)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

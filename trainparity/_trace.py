@@ -1,0 +1,159 @@
+"""Traces: what one run of a recipe observed, step by step.
+
+A trace is built in the child (`record_training`) and travels to the parent as a plain
+dict of tensors and scalars: per step, the RNG streams at the start of the step, the
+batch's sample IDs, the loss, and a snapshot of the State after the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
+from trainparity._recipe import LossAccounting, Recipe, RecipeRef
+from trainparity._snapshot import snapshot_rng, snapshot_state
+from trainparity._state import State, seed_everything
+
+SampleIds = list[int | str]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    step: int
+    rng: Snapshot
+    sample_ids: SampleIds | None
+    loss: float | None
+    state: Snapshot
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepRecord:
+        return cls(**data)
+
+
+def normalize_sample_ids(ids: Any, where: str) -> SampleIds | None:
+    """Sample IDs as a list of ints or strings; anything else is a TypeError naming the place."""
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"{where}: sample IDs must be integers or strings, got a {ids.dtype} tensor")
+        return [int(v) for v in ids.reshape(-1).tolist()]
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iuUS":
+            raise TypeError(f"{where}: sample IDs must be integers or strings, got an array of {ids.dtype}")
+        return [v if isinstance(v, str) else int(v) for v in ids.reshape(-1).tolist()]
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{where}: sample_ids() must return a sequence of IDs, got {type(ids).__name__}")
+    out: SampleIds = []
+    for position, value in enumerate(ids):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
+            if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
+                out.append(int(value))
+                continue
+            raise TypeError(
+                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r}; "
+                "IDs must be ints or strings"
+            )
+        out.append(value if isinstance(value, str) else int(value))
+    return out
+
+
+def loss_value(loss: Any, where: str) -> float | None:
+    if isinstance(loss, LossAccounting):
+        loss = loss.value
+    if loss is None:
+        return None
+    if isinstance(loss, torch.Tensor):
+        if loss.numel() != 1:
+            raise TypeError(f"{where}: step() must return a scalar loss, got a tensor of shape {list(loss.shape)}")
+        return float(loss.detach().reshape(()).item())
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        return float(loss)
+    raise TypeError(f"{where}: step() must return a loss (tensor or float) or tp.LossAccounting, got {type(loss).__name__}")
+
+
+def require_state(state: Any, recipe: Recipe, method: str) -> State:
+    if not isinstance(state, State):
+        raise TypeError(f"{type(recipe).__name__}.{method}() must return a tp.State, got {type(state).__name__}")
+    return state
+
+
+def record_steps(recipe: Recipe, state: State, first: int, last: int) -> Iterator[StepRecord]:
+    """Train steps `first..last` (1-based, inclusive), yielding a record after each."""
+    batches = iter(recipe.batches(state))
+    name = type(recipe).__name__
+    for step in range(first, last + 1):
+        try:
+            batch = next(batches)
+        except StopIteration:
+            raise RuntimeError(f"{name}.batches() ran out of batches at step {step}") from None
+        rng = snapshot_rng()
+        ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
+        loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
+        yield StepRecord(step, rng, ids, loss, snapshot_state(state))
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPayload:
+    """One run of a recipe: from scratch or from a checkpoint, optionally saving at the end."""
+
+    recipe: RecipeRef
+    seed: int
+    #: steps first..last are trained (1-based, inclusive)
+    first: int
+    last: int
+    checkpoint: str
+    load: bool = False
+    save: bool = False
+
+
+def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
+    """Child task: train and trace. `loaded`/`saved` are snapshots (with RNG) around load/save."""
+    recipe = payload.recipe.build()
+    seed_everything(payload.seed)
+    loaded = None
+    if payload.load:
+        state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
+        loaded = snapshot_state(state, rng=True)
+    else:
+        state = require_state(recipe.setup(), recipe, "setup")
+    steps = [record.to_dict() for record in record_steps(recipe, state, payload.first, payload.last)]
+    saved = None
+    if payload.save:
+        recipe.save(state, pathlib.Path(payload.checkpoint))
+        saved = snapshot_state(state, rng=True)
+    return {"steps": steps, "loaded": loaded, "saved": saved}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDifference:
+    """One difference between two records of the same step; `aspect` is rng, data, loss or state."""
+
+    aspect: str
+    mismatch: Mismatch
+
+
+def diff_steps(expected: StepRecord, actual: StepRecord, comparison: Comparison) -> Iterator[StepDifference]:
+    """Differences of one step in observation order: RNG at the start, sample IDs, loss, state after."""
+    for mismatch in compare_snapshots(expected.rng, actual.rng, EXACT):
+        yield StepDifference("rng", mismatch)
+    if expected.sample_ids is not None and actual.sample_ids is not None and expected.sample_ids != actual.sample_ids:
+        yield StepDifference(
+            "data", Mismatch("data.sample_ids", "The batch's sample IDs differ.", list(expected.sample_ids),
+                             list(actual.sample_ids))
+        )
+    if expected.loss is not None and actual.loss is not None:
+        loss = compare_leaves(expected.loss, actual.loss, comparison)
+        if loss is not None:
+            yield StepDifference("loss", dataclasses.replace(loss, path="loss"))
+    for mismatch in compare_snapshots(expected.state, actual.state, comparison):
+        yield StepDifference("state", mismatch)
