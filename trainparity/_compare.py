@@ -117,7 +117,7 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Co
         diff = (e64 - a64).abs().to(torch.float64)
         diff = torch.where(equal, torch.zeros_like(diff), torch.nan_to_num(diff, nan=math.inf))
     flat_index = int(diff.reshape(-1).argmax())
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape)) if expected.ndim else ()
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape))
     greatest = float(diff.reshape(-1)[flat_index])
     e_at = expected.reshape(-1)[flat_index].item() if total else None
     a_at = actual.reshape(-1)[flat_index].item() if total else None

@@ -295,6 +295,8 @@ def _run_processes(
     outcomes: list[JobOutcome | None] = [None] * len(jobs)
     pending = list(enumerate(jobs))
     running: dict[int, _Running] = {}
+    #: fork-server children killed by us, whose exit the server has yet to confirm
+    killed: set[str] = set()
     try:
         while pending or running:
             while pending and len(running) < concurrency:
@@ -305,10 +307,17 @@ def _run_processes(
                 kill_tree(item.pid)  # reap what the child left behind (e.g. DataLoader workers)
                 outcomes[item.index] = outcome = _read_outcome(item.job, item.workdir, code, sig)
                 if fail_fast and outcome.error is not None:
+                    killed.update(r.key for r in running.values() if r.popen is None)
                     _abandon(running, pending, outcomes, f"killed after {item.job.phase} failed")
             now = time.monotonic()
             for item in [r for r in running.values() if r.deadline < now]:
+                if item.index not in running:  # already abandoned by fail_fast
+                    continue
                 kill_tree(item.pid)
+                if item.popen is None:
+                    killed.add(item.key)
+                else:
+                    item.popen.wait()
                 del running[item.index]
                 outcomes[item.index] = JobOutcome(
                     item.job.phase,
@@ -321,12 +330,15 @@ def _run_processes(
                     ),
                 )
                 if fail_fast:
+                    killed.update(r.key for r in running.values() if r.popen is None)
                     _abandon(running, pending, outcomes, f"killed after {item.job.phase} timed out")
     finally:
         for item in running.values():
             kill_tree(item.pid)
             if item.popen is not None:
                 item.popen.wait()
+        killed.update(item.key for item in running.values() if item.popen is None)
+        _await_server_exits(killed)
     return [o for o in outcomes if o is not None]
 
 
@@ -343,3 +355,11 @@ def _abandon(
     for index, job in pending:
         outcomes[index] = JobOutcome(job.phase, None, ChildError("died", job.phase, f"not started: {why}"))
     pending.clear()
+
+
+def _await_server_exits(keys: set[str]) -> None:
+    """Wait (bounded) until the fork server has reaped the children we killed: none is left running."""
+    deadline = time.monotonic() + 10.0
+    while keys and time.monotonic() < deadline and _SERVER.running():
+        for key, _, _ in _SERVER.exits(0.05):
+            keys.discard(key)

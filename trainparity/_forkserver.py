@@ -37,7 +37,7 @@ def warm_up() -> None:
     for optimizer in (torch.optim.AdamW(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
         loss = torch.nn.functional.mse_loss(model(torch.randn(3, 4)), torch.zeros(3, 1))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
@@ -119,9 +119,9 @@ def serve() -> None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            job = children.pop(pid, None)
-            if job is None:
+            if pid not in children:
                 continue
+            job = children.pop(pid)
             if os.WIFSIGNALED(status):
                 send(f"EXIT {job} -1 {os.WTERMSIG(status)}")
             else:

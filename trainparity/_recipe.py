@@ -83,9 +83,9 @@ class Recipe:
 def _epochs(loader: Any) -> Iterator[Any]:
     epoch = 0
     while True:
-        sampler = getattr(loader, "sampler", None)
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)
+        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
         empty = True
         for batch in loader:
             empty = False
@@ -108,8 +108,11 @@ class RecipeRef:
 
     @property
     def name(self) -> str:
+        """`module:Class`, with the constructor arguments when there are any: `m:Recipe(fault='ema')`."""
         module = pathlib.Path(self.main_file).stem if self.main_file else self.module
-        return f"{module}:{self.qualname}"
+        args, kwargs = pickle.loads(self.arguments)
+        shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+        return f"{module}:{self.qualname}" + (f"({', '.join(shown)})" if shown else "")
 
     def recipe_class(self) -> type[Recipe]:
         if self.main_file is not None:
@@ -120,7 +123,7 @@ class RecipeRef:
         else:
             obj = _import_attribute(self.module, self.qualname)
         if not (isinstance(obj, type) and issubclass(obj, Recipe)):
-            raise TypeError(f"{self.name} is not a tp.Recipe subclass")
+            raise TypeError(f"{self.module}:{self.qualname} is not a tp.Recipe subclass")
         return obj
 
     def build(self, **overrides: Any) -> Recipe:

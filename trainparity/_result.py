@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeAlias
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """The verdict of a check."""
 
     PASS = "PASS"
@@ -24,9 +24,6 @@ class Outcome(str, enum.Enum):
     ABSTAIN = "ABSTAIN"
     #: The user's code raised, hung past the timeout, or its process died.
     ERROR = "ERROR"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclasses.dataclass(frozen=True)

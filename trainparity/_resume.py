@@ -77,6 +77,7 @@ def check_resume(
                 Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout),
             ],
             isolation=isolation,
+            fail_fast=True,
         )
         failed = _error_result(first, config)
         if failed is not None:

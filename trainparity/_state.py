@@ -54,6 +54,12 @@ class State:
         except KeyError:
             raise KeyError(f"State has no entry {name!r}; it has {sorted(vars(self))}") from None
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for missing entries; also tells type checkers that entries are dynamic.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(f"State has no entry {name!r}; it has {sorted(vars(self))}")
+
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}={type(value).__name__}" for name, value in vars(self).items())
         return f"State({inner})"
@@ -80,12 +86,13 @@ def _bits_float(bits: int) -> float:
 def capture_rng() -> dict[str, torch.Tensor]:
     """The global RNG streams as int64/uint8 tensors (safe for `torch.load(weights_only=True)`)."""
     streams: dict[str, torch.Tensor] = {"torch": torch.get_rng_state()}
-    _, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    numpy_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
+    _, keys, pos, has_gauss, cached = numpy_state
     streams["numpy"] = torch.tensor([*keys.tolist(), pos, has_gauss, _float_bits(cached)], dtype=torch.int64)
     version, internal, gauss_next = random.getstate()
     extra = [0, 0] if gauss_next is None else [1, _float_bits(gauss_next)]
     streams["python"] = torch.tensor([version, *internal, *extra], dtype=torch.int64)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         streams["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
     return streams
 

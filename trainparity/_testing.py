@@ -107,5 +107,5 @@ class TrainParityMixin:
         return self.assertTrainParity(check_resume(recipe, **kwargs), msg=msg, abstain=abstain)
 
 
-class TestCase(expecttest.TestCase, TrainParityMixin):  # type: ignore[misc]
+class TestCase(expecttest.TestCase, TrainParityMixin):
     """`expecttest.TestCase` (for `assertExpectedInline`) with the trainparity assertions."""

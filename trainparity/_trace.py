@@ -78,7 +78,9 @@ def loss_value(loss: Any, where: str) -> float | None:
         return float(loss.detach().reshape(()).item())
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):
         return float(loss)
-    raise TypeError(f"{where}: step() must return a loss (tensor or float) or tp.LossAccounting, got {type(loss).__name__}")
+    raise TypeError(
+        f"{where}: step() must return a loss (tensor or float) or tp.LossAccounting, got {type(loss).__name__}"
+    )
 
 
 def require_state(state: Any, recipe: Recipe, method: str) -> State:

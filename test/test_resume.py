@@ -1,0 +1,245 @@
+"""Resume equivalence: clean controls, every fault of `resume_recipes`, errors, bad input, isolation."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import time
+import unittest
+from typing import Any
+
+import pytest
+from resume_recipes import ResumeRecipe
+
+import trainparity as tp
+
+#: fault -> (outcome, first violation path, cause)
+FAULTS: dict[str, tuple[tp.Outcome, str, str | None]] = {
+    "model": (tp.Outcome.FAIL, "model.body.weight", "not_restored"),
+    "optimizer": (tp.Outcome.FAIL, "optimizer.state.body.weight.step", "not_restored"),
+    "scheduler": (tp.Outcome.FAIL, "scheduler.last_epoch", "not_restored"),
+    "scaler": (tp.Outcome.FAIL, "scaler.scale", "not_restored"),
+    "rng.torch": (tp.Outcome.FAIL, "rng.torch", "not_restored"),
+    "rng.numpy": (tp.Outcome.FAIL, "rng.numpy", "not_restored"),
+    "rng.python": (tp.Outcome.FAIL, "rng.python", "not_restored"),
+    "counter": (tp.Outcome.FAIL, "global_step", "not_restored"),
+    "ema": (tp.Outcome.FAIL, "ema", "not_restored"),
+    "attribute": (tp.Outcome.FAIL, "model.temperature", "not_restored"),
+    "optimizer2": (tp.Outcome.FAIL, "optimizer2.state.head.weight.step", "not_restored"),
+    "data_replay": (tp.Outcome.FAIL, "data.sample_ids", "data_replayed"),
+    "data_skip": (tp.Outcome.FAIL, "data.sample_ids", "data_skipped"),
+    "rng_consumed": (tp.Outcome.FAIL, "rng.torch", None),
+    "nondeterministic": (tp.Outcome.ABSTAIN, "loss", "baseline_nondeterministic"),
+}
+
+
+def test_clean_recipe_passes() -> None:
+    result = tp.check_resume(ResumeRecipe(), steps=6, resume_at=3, timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.violations == [] and result.first_violation is None
+    assert result.notes == []
+
+
+def test_clean_recipe_with_two_optimizers_passes() -> None:
+    result = tp.check_resume(ResumeRecipe(two_optimizers=True), steps=5, resume_at=1, timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_is_located(fault: str) -> None:
+    outcome, path, cause = FAULTS[fault]
+    result = tp.check_resume(ResumeRecipe(fault=fault), steps=6, resume_at=3, timeout=60)
+    assert result.outcome is outcome, result.report()
+    first = result.first_violation
+    assert first is not None
+    assert (first.path, first.cause) == (path, cause), result.report()
+    expected_step = 1 if fault == "nondeterministic" else 3 if cause == "not_restored" and path[:4] != "rng." else 4
+    assert first.step == expected_step
+
+
+def test_state_difference_fails_even_when_losses_agree() -> None:
+    # The EMA is never read by the forward pass: every loss matches, the lost EMA is still a FAIL.
+    result = tp.check_resume(ResumeRecipe(fault="ema"), steps=6, resume_at=3, timeout=60)
+    assert result.outcome is tp.Outcome.FAIL
+    assert {v.kind for v in result.violations} == {"state_mismatch"}
+    assert {v.path for v in result.violations} == {"ema"}
+
+
+def test_unrestored_stream_that_changes_nothing_is_a_note() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="rng.python", use_python_random=False), steps=6, resume_at=3,
+                             timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.notes == [
+        "rng.python differs from uninterrupted training from step 4 on, but nothing else diverged: reported, "
+        "not failed."
+    ]
+
+
+def test_violations_are_in_observation_order() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="rng.torch"), steps=6, resume_at=3, timeout=60)
+    steps = [v.step for v in result.violations]
+    assert steps == sorted(steps)
+    kinds_at_4 = [v.kind for v in result.violations if v.step == 4]
+    assert kinds_at_4[0] == "rng_mismatch" and "loss_mismatch" in kinds_at_4
+    assert kinds_at_4.index("loss_mismatch") < kinds_at_4.index("state_mismatch")
+
+
+def test_user_error_is_an_error_with_the_child_traceback() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="raises"), steps=4, timeout=60)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.kind == "raised"
+    assert result.error.exc_type == "ValueError"
+    assert "boom at step 2" in result.report()
+    assert 'resume_recipes.py", line' in result.report()
+    assert os.getcwd() not in result.report() and os.getcwd() not in result.to_json()
+
+
+def _running(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed grandchild waits for init to reap it)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _still_running(pids: list[int], grace: float = 2.0) -> list[int]:
+    """PIDs still running after `grace` seconds (SIGKILL is delivered asynchronously to grandchildren)."""
+    deadline = time.monotonic() + grace
+    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if _running(pid)]
+
+
+def test_hang_is_killed_with_its_whole_tree() -> None:
+    with tempfile.TemporaryDirectory() as pid_dir:
+        result = tp.check_resume(ResumeRecipe(fault="hangs", pid_dir=pid_dir), steps=4, timeout=3)
+        pids = [int(p) for f in pathlib.Path(pid_dir).iterdir() for p in f.read_text().split()]
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.kind == "timeout"
+    assert "did not finish within timeout=3 s" in result.report()
+    assert pids, "the hanging recipe never ran"
+    assert _still_running(pids) == []
+
+
+def test_dead_process_is_an_error_naming_the_signal() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="dies"), steps=4, timeout=60)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.signal == "SIGKILL"
+    assert "killed by signal SIGKILL" in result.report()
+
+
+def test_load_must_return_a_state() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="load_returns_dict"), steps=4, timeout=60)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.phase == "resumed"
+    assert "ResumeRecipe.load() must return a tp.State, got dict" in result.report()
+
+
+@pytest.mark.parametrize("isolation", ["spawn", "inprocess"])
+def test_other_isolations_agree(isolation: str) -> None:
+    clean = tp.check_resume(ResumeRecipe(), steps=4, resume_at=2, isolation=isolation, timeout=120)
+    assert clean.outcome is tp.Outcome.PASS, clean.report()
+    faulty = tp.check_resume(ResumeRecipe(fault="scheduler"), steps=4, resume_at=2, isolation=isolation, timeout=120)
+    assert faulty.first_violation is not None and faulty.first_violation.path == "scheduler.last_epoch"
+
+
+def test_declared_tolerance_is_reported() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="ema"), steps=4, resume_at=2,
+                             comparison=tp.ToleranceComparison(rtol=0.0, atol=10.0), timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.config["comparison"] == "tolerance(rtol=0, atol=10)"
+
+
+class DefinedInAFunction:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"steps": 1}, ValueError, "steps= must be an int >= 2"),
+        ({"resume_at": 0}, ValueError, r"resume_at= must be an int in 1..5"),
+        ({"resume_at": 6}, ValueError, r"resume_at= must be an int in 1..5"),
+        ({"isolation": "thread"}, ValueError, "isolation= must be one of"),
+        ({"timeout": 0}, ValueError, "timeout= must be a positive number"),
+        ({"comparison": 1e-3}, TypeError, "tolerances are declared, never inferred"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        tp.check_resume(ResumeRecipe, **kwargs)
+
+
+def test_bad_recipes_are_rejected() -> None:
+    class Local(tp.Recipe):
+        pass
+
+    with pytest.raises(TypeError, match="define it at module level"):
+        tp.check_resume(Local)
+    with pytest.raises(TypeError, match="must be picklable"):
+        tp.check_resume(ResumeRecipe(fault=None, pid_dir=lambda: None))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        tp.check_resume("no_such_module:Recipe")
+    with pytest.raises(ValueError, match="looks like 'package.module:ClassName'"):
+        tp.check_resume("resume_recipes.ResumeRecipe")
+    with pytest.raises(TypeError, match="is not a tp.Recipe subclass"):
+        tp.check_resume(DefinedInAFunction)
+    with pytest.raises(TypeError, match="is not a tp.Recipe subclass"):
+        tp.check_resume("resume_recipes:report_identity")
+
+
+def test_string_spec_is_accepted() -> None:
+    result = tp.check_resume("resume_recipes:ResumeRecipe", steps=3, timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.config["recipe"] == "resume_recipes:ResumeRecipe"
+
+
+class MixinTest(tp.TestCase):
+    def test_pass_returns_the_result(self) -> None:
+        result = self.assertResumeEquivalent(ResumeRecipe, steps=3, timeout=60)
+        self.assertIs(result.outcome, tp.Outcome.PASS)
+
+    def test_fail_raises_with_the_report(self) -> None:
+        with self.assertRaises(AssertionError) as caught:
+            self.assertResumeEquivalent(ResumeRecipe(fault="counter"), steps=4, resume_at=2, timeout=60)
+        self.assertIn("First violation: global_step (step 2, kind: state_mismatch, cause: not_restored)",
+                      str(caught.exception))
+
+    def test_msg_replaces_or_receives_the_report(self) -> None:
+        with self.assertRaisesRegex(AssertionError, "^custom$"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="counter"), steps=3, msg="custom", timeout=60)
+        with self.assertRaisesRegex(AssertionError, "^PREFIX trainparity resume check: FAIL"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="counter"), steps=3, msg=lambda r: "PREFIX " + r,
+                                        timeout=60)
+
+    def test_abstain_fails_unless_skipped(self) -> None:
+        with self.assertRaisesRegex(AssertionError, "trainparity resume check: ABSTAIN"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="nondeterministic"), steps=3, timeout=60)
+        with self.assertRaises(unittest.SkipTest) as caught:
+            self.assertResumeEquivalent(ResumeRecipe(fault="nondeterministic"), steps=3, abstain="skip", timeout=60)
+        self.assertIn("baseline not reproducible", str(caught.exception))
+        with self.assertRaisesRegex(ValueError, "abstain= must be 'fail' or 'skip'"):
+            self.assertResumeEquivalent(ResumeRecipe, steps=3, abstain="ignore", timeout=60)
+
+    def test_error_reraises_the_users_exception(self) -> None:
+        with self.assertRaises(ValueError) as caught:
+            self.assertResumeEquivalent(ResumeRecipe(fault="raises"), steps=3, timeout=60)
+        self.assertIsInstance(caught.exception, tp.RecipeError)
+        self.assertIn("boom at step 2", str(caught.exception))
+        self.assertIn("Traceback from the recipe:", str(caught.exception))
+
+    def test_error_inprocess_reraises_the_live_exception(self) -> None:
+        with self.assertRaisesRegex(ValueError, "^boom at step 2$"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="raises"), steps=3, isolation="inprocess")
+
+
+class PlainUnittestMixinTest(tp.TrainParityMixin, unittest.TestCase):
+    """The mixin works with any unittest.TestCase (here without expecttest)."""
+
+    def test_mixin_without_expecttest(self) -> None:
+        self.assertResumeEquivalent(ResumeRecipe, steps=3, timeout=60)
+        with self.assertRaises(self.failureException):
+            self.assertResumeEquivalent(ResumeRecipe(fault="ema"), steps=3, timeout=60)
+        with self.assertRaises(unittest.SkipTest):
+            self.assertResumeEquivalent(ResumeRecipe(fault="nondeterministic"), steps=3, abstain="skip", timeout=60)
