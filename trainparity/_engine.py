@@ -50,6 +50,8 @@ class Job:
     phase: str
     timeout: float
     rank: int | None = None
+    #: index (in the same run_jobs call) of a job that must succeed before this one starts
+    after: int | None = None
 
 
 @dataclasses.dataclass
@@ -59,6 +61,14 @@ class JobOutcome:
     error: ChildError | None = None
     #: the live exception, only for isolation="inprocess"
     exception: BaseException | None = None
+
+
+def first_error(outcomes: Sequence[JobOutcome]) -> JobOutcome | None:
+    """The outcome whose error caused the others (an "abandoned" job only reports a consequence)."""
+    errors = [o for o in outcomes if o.error is not None]
+    return next((o for o in errors if o.error is not None and o.error.kind != "abandoned"), None) or next(
+        iter(errors), None
+    )
 
 
 def validate_isolation(isolation: object) -> str:
@@ -227,12 +237,24 @@ def run_jobs(
 ) -> list[JobOutcome]:
     """Run `jobs` (concurrently where cores allow) and return their outcomes in order.
 
-    With `fail_fast`, the first job that raises or dies gets every other job killed
-    (ranks of one distributed run wait on each other forever otherwise); they are
-    reported as killed, the failed job carries the error.
+    With `fail_fast`, the first job that raises, dies or times out gets every other job
+    killed (ranks of one distributed run wait on each other forever otherwise); those are
+    reported with kind "abandoned", the failed job carries the error. `first_error`
+    picks the error to report.
     """
+    for index, job in enumerate(jobs):
+        if job.after is not None and not 0 <= job.after < index:
+            raise ValueError(f"Job.after must name an earlier job, got {job.after} for job {index}")
     if isolation == "inprocess":
-        return [_run_inprocess(job) for job in jobs]
+        done: list[JobOutcome] = []
+        for job in jobs:
+            before = None if job.after is None else done[job.after]
+            if before is not None and before.error is not None:
+                error = ChildError("abandoned", job.phase, f"not started: {before.phase} failed", rank=job.rank)
+                done.append(JobOutcome(job.phase, None, error))
+            else:
+                done.append(_run_inprocess(job))
+        return done
     workroot = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-"))
     try:
         with _SERVER_LOCK:
@@ -299,8 +321,7 @@ def _run_processes(
     killed: set[str] = set()
     try:
         while pending or running:
-            while pending and len(running) < concurrency:
-                index, job = pending.pop(0)
+            for index, job in _ready(pending, outcomes, concurrency - len(running)):
                 running[index] = _launch(index, job, workroot, isolation)
             for item, code, sig in _collect_exits(running, isolation):
                 del running[item.index]
@@ -342,6 +363,27 @@ def _run_processes(
     return [o for o in outcomes if o is not None]
 
 
+def _ready(pending: list[tuple[int, Job]], outcomes: list[JobOutcome | None], slots: int) -> list[tuple[int, Job]]:
+    """Take up to `slots` pending jobs whose dependency has finished (in list order).
+
+    A job whose dependency failed is settled as not started.
+    """
+    taken: list[tuple[int, Job]] = []
+    for index, job in list(pending):
+        before = None if job.after is None else outcomes[job.after]
+        if job.after is not None and before is None:
+            continue
+        if before is not None and before.error is not None:
+            pending.remove((index, job))
+            outcomes[index] = JobOutcome(job.phase, None, ChildError("abandoned", job.phase,
+                                                                     f"not started: {before.phase} failed",
+                                                                     rank=job.rank))
+        elif len(taken) < slots:
+            pending.remove((index, job))
+            taken.append((index, job))
+    return taken
+
+
 def _abandon(
     running: dict[int, _Running], pending: list[tuple[int, Job]], outcomes: list[JobOutcome | None], why: str
 ) -> None:
@@ -349,11 +391,12 @@ def _abandon(
         kill_tree(item.pid)
         if item.popen is not None:
             item.popen.wait()
-        outcomes[item.index] = JobOutcome(item.job.phase, None, ChildError("died", item.job.phase, why,
+        outcomes[item.index] = JobOutcome(item.job.phase, None, ChildError("abandoned", item.job.phase, why,
                                                                            rank=item.job.rank))
     running.clear()
     for index, job in pending:
-        outcomes[index] = JobOutcome(job.phase, None, ChildError("died", job.phase, f"not started: {why}"))
+        outcomes[index] = JobOutcome(job.phase, None, ChildError("abandoned", job.phase, f"not started: {why}",
+                                                                 rank=job.rank))
     pending.clear()
 
 

@@ -58,7 +58,7 @@ class Violation:
 class ChildError:
     """Why a check ended in ERROR: the user's exception, a timeout, or a dead process."""
 
-    #: "raised", "timeout" or "died"
+    #: "raised", "timeout", "died", or "abandoned" (killed or never started because another run failed)
     kind: str
     #: which run of the check failed, e.g. "baseline", "interrupted", "resumed", "rank 1"
     phase: str
@@ -76,7 +76,7 @@ class ChildError:
     def headline(self) -> str:
         if self.kind == "raised":
             return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
-        if self.kind == "timeout":
+        if self.kind in ("timeout", "abandoned"):
             return f"{self.phase}: {self.message}"
         return f"{self.phase}: the process died ({self.message})"
 

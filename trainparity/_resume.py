@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_snapshots, resolve_comparison
-from trainparity._engine import Job, JobOutcome, run_jobs, validate_isolation, validate_timeout
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._recipe import resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
 from trainparity._trace import StepRecord, TrainPayload, diff_steps
@@ -70,42 +70,38 @@ def check_resume(
     try:
         checkpoint = f"{checkpoint_dir}/checkpoint"
         run = TrainPayload(ref, seed, 1, steps, checkpoint)
-        first = run_jobs(
+        # The resumed run needs only the interrupted one: it starts as soon as that has saved,
+        # while the baselines run beside them.
+        outcomes = run_jobs(
             [
-                Job(TASK, run, "baseline", timeout),
-                Job(TASK, run, "baseline (repeat)", timeout),
                 Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout),
+                Job(TASK, run, "baseline", timeout),
+                Job(TASK, dataclasses.replace(run, first=resume_at + 1, load=True), "resumed", timeout, after=0),
+                Job(TASK, run, "baseline (repeat)", timeout),
             ],
             isolation=isolation,
             fail_fast=True,
         )
-        failed = _error_result(first, config)
-        if failed is not None:
-            return failed
-        resumed_payload = dataclasses.replace(run, first=resume_at + 1, load=True)
-        second = run_jobs([Job(TASK, resumed_payload, "resumed", timeout)], isolation=isolation)
-        failed = _error_result(second, config)
+        failed = _error_result(outcomes, config)
         if failed is not None:
             return failed
     finally:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    outputs = [o.output for o in (*first, *second)]
-    assert all(output is not None for output in outputs)
-    baseline, repeat, interrupted, resumed = (o for o in outputs if o is not None)
+    interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
     return judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
 
 
 def _error_result(outcomes: Sequence[JobOutcome], config: dict[str, Any]) -> ResumeResult | None:
-    for outcome in outcomes:
-        if outcome.error is not None:
-            return ResumeResult(
-                Outcome.ERROR,
-                config=config,
-                reason=outcome.error.headline().splitlines()[0],
-                error=outcome.error,
-                exception=outcome.exception,
-            )
-    return None
+    failed = first_error(outcomes)
+    if failed is None or failed.error is None:
+        return None
+    return ResumeResult(
+        Outcome.ERROR,
+        config=config,
+        reason=failed.error.headline().splitlines()[0],
+        error=failed.error,
+        exception=failed.exception,
+    )
 
 
 def _records(trace: dict[str, Any]) -> list[StepRecord]:

@@ -32,7 +32,8 @@ class StepRecord:
     state: Snapshot
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Shallow on purpose: dataclasses.asdict would deep-copy every tensor.
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
