@@ -182,3 +182,20 @@ def report_identity(payload: Any, workdir: Any) -> dict[str, Any]:
         "main_imported": "resume_recipes" in sys.modules,
         "workdir": str(workdir),
     }
+
+
+class ForgetsScheduler(ResumeRecipe):
+    """For the command line, which names recipes by class: loses the scheduler on load."""
+
+    def __init__(self) -> None:
+        super().__init__(fault="scheduler")
+
+
+class Nondeterministic(ResumeRecipe):
+    def __init__(self) -> None:
+        super().__init__(fault="nondeterministic")
+
+
+class Raises(ResumeRecipe):
+    def __init__(self) -> None:
+        super().__init__(fault="raises")

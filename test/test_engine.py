@@ -1,0 +1,78 @@
+"""The process engine: fresh processes, fresh imports, dependencies, timeouts, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import resume_recipes
+
+from trainparity._engine import Job, first_error, run_jobs
+
+IDENTITY = "resume_recipes:report_identity"
+
+
+@pytest.mark.parametrize("isolation", ["process", "spawn"])
+def test_children_are_fresh_processes_with_fresh_imports(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # User state changed in this process must not reach a child: it imports the module anew.
+    monkeypatch.setitem(resume_recipes.IMPORT_MARKER, "value", "changed in the parent")
+    outcomes = run_jobs([Job(IDENTITY, None, "a", 60), Job(IDENTITY, None, "b", 60)], isolation=isolation)
+    outputs = [o.output for o in outcomes]
+    assert all(output is not None for output in outputs), [o.error for o in outcomes]
+    pids = {output["pid"] for output in outputs if output is not None}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert [output["marker"] for output in outputs if output is not None] == ["initial", "initial"]
+
+
+def test_fork_server_never_imports_user_modules() -> None:
+    # A module imported by the server (or inherited from this process) would carry the PID of
+    # the process that imported it; a fresh import in the child carries the child's PID.
+    outcome = run_jobs([Job("test_engine:where_imported", None, "probe", 60)])[0]
+    assert outcome.output is not None, outcome.error
+    assert outcome.output["imported_in_pid"] == outcome.output["pid"] != os.getpid()
+
+
+#: the PID of the process that imported this module
+IMPORTED_IN_PID = os.getpid()
+
+
+def where_imported(payload: object, workdir: object) -> dict[str, object]:
+    """Engine task: which process imported this module."""
+    return {"imported_in_pid": IMPORTED_IN_PID, "pid": os.getpid()}
+
+
+def test_dependent_job_waits_and_is_abandoned_when_its_dependency_fails() -> None:
+    outcomes = run_jobs(
+        [
+            Job("resume_recipes:no_such_task", None, "first", 60),
+            Job(IDENTITY, None, "second", 60, after=0),
+            Job(IDENTITY, None, "independent", 60),
+        ]
+    )
+    assert outcomes[0].error is not None and outcomes[0].error.kind == "raised"
+    assert outcomes[0].error.exc_type == "AttributeError"
+    assert outcomes[1].error is not None and outcomes[1].error.kind == "abandoned"
+    assert outcomes[2].output is not None
+    assert first_error(outcomes) is outcomes[0]
+
+
+def test_dependency_must_be_an_earlier_job() -> None:
+    with pytest.raises(ValueError, match="Job.after must name an earlier job"):
+        run_jobs([Job(IDENTITY, None, "a", 60, after=0)])
+
+
+def test_workdirs_are_removed() -> None:
+    outcome = run_jobs([Job(IDENTITY, None, "a", 60)])[0]
+    assert outcome.output is not None
+    assert not os.path.exists(outcome.output["workdir"])
+
+
+def test_import_starts_no_process() -> None:
+    code = (
+        "import threading, trainparity, trainparity._engine as e; "
+        "assert not e._SERVER.running(); assert threading.active_count() == 1; print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ok", done.stderr

@@ -1,0 +1,40 @@
+"""The public namespace: thin, explicit, and covering the contract."""
+
+from __future__ import annotations
+
+import types
+
+import trainparity as tp
+
+#: public names fixed by the contract (../shared/CONTRACT.md)
+CONTRACT_NAMES = {
+    "AccumulationResult", "AtLeastOnce", "CoverageRecorder", "CoverageResult", "DataParallelResult",
+    "DistinctEpochOrder", "ExactComparison", "ExactlyOnce", "ExpectedPadding", "LossAccounting",
+    "NoCrossRankOverlap", "Outcome", "Recipe", "ResumeResult", "State", "TestCase", "ToleranceComparison",
+    "TrainParityMixin", "Violation", "check_accumulation", "check_coverage", "check_data_parallel",
+    "check_resume", "load_state", "save_state", "split_batch", "strategies",
+}
+
+
+def test_all_is_explicit_sorted_and_resolvable() -> None:
+    assert tp.__all__ == sorted(tp.__all__)
+    assert len(set(tp.__all__)) == len(tp.__all__)
+    for name in tp.__all__:
+        assert hasattr(tp, name), name
+
+
+def test_contract_names_are_public() -> None:
+    assert CONTRACT_NAMES - set(tp.__all__) == set()
+
+
+def test_nothing_public_beyond_all() -> None:
+    public = {name for name in vars(tp) if not name.startswith("_")} | {"__version__"}
+    modules = {name for name in public if isinstance(getattr(tp, name), types.ModuleType)}
+    assert public - modules == set(tp.__all__) - modules
+    assert modules <= set(tp.__all__) | {"quickstarts"}
+
+
+def test_outcomes_and_mixin() -> None:
+    assert [o.value for o in tp.Outcome] == ["PASS", "FAIL", "ABSTAIN", "ERROR"]
+    assert issubclass(tp.TestCase, tp.TrainParityMixin)
+    assert tp.Violation("k", "p", "m").worker is None
