@@ -89,7 +89,8 @@ def render_text(result: Result) -> str:
         if hidden > 0:
             lines.append(f"  ... and {hidden} more (result.violations has them all)")
     if result.error is not None:
-        lines += ["", f"Error: {result.error.headline()}"]
+        if result.error.headline() != result.reason:
+            lines += ["", f"Error: {result.error.headline()}"]
         if result.error.traceback:
             lines += ["", "Traceback from the recipe:"]
             lines += ["  " + line for line in result.error.traceback.rstrip().splitlines()]

@@ -1,0 +1,372 @@
+"""expecttest snapshots of the first-violation report of every resume fault.
+
+Regenerate after an intended report change with
+`EXPECTTEST_ACCEPT=1 python -m pytest test/test_resume_reports.py` (run it twice if expecttest
+says "Failed to substitute string"), then read the diff.
+"""
+
+from __future__ import annotations
+
+from resume_recipes import ResumeRecipe
+
+import trainparity as tp
+
+
+def report(fault: str, **kwargs: object) -> str:
+    return tp.check_resume(ResumeRecipe(fault=fault, **kwargs), steps=6, resume_at=3, timeout=60).report()
+
+
+class ResumeReportTest(tp.TestCase):
+    def test_model(self) -> None:
+        self.assertExpectedInline(report("model"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='model')", resume_at=3, seed=0, steps=6
+
+First violation: model.body.weight (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Tensor-likes are not equal!
+
+  Mismatched elements: 48 / 48 (100.0%)
+  Greatest absolute difference: 0.0142505 at index (5, 0) (up to 0 allowed)
+  Greatest relative difference: 0.0983574 at index (5, 0) (up to 0 allowed)
+  expected: -0.144885
+  actual:   -0.159135
+
+All violations (46):
+  1. model.body.weight (step 3, kind: state_mismatch, cause: not_restored)
+  2. model.body.bias (step 3, kind: state_mismatch, cause: not_restored)
+  3. model.head.weight (step 3, kind: state_mismatch, cause: not_restored)
+  4. model.head.bias (step 3, kind: state_mismatch, cause: not_restored)
+  5. loss (step 4, kind: loss_mismatch)
+  6. model.body.weight (step 4, kind: state_mismatch)
+  7. model.body.bias (step 4, kind: state_mismatch)
+  8. model.head.weight (step 4, kind: state_mismatch)
+  9. model.head.bias (step 4, kind: state_mismatch)
+  10. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  ... and 36 more (result.violations has them all)""")
+
+    def test_optimizer(self) -> None:
+        self.assertExpectedInline(report("optimizer"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer')", resume_at=3, seed=0, steps=6
+
+First violation: optimizer.state.body.weight.step (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  The entry is missing.
+  expected: 'Tensor[float32] of shape []'
+  actual:   None
+
+All violations (65):
+  1. optimizer.state.body.weight.step (step 3, kind: state_mismatch, cause: not_restored)
+  2. optimizer.state.body.weight.exp_avg (step 3, kind: state_mismatch, cause: not_restored)
+  3. optimizer.state.body.weight.exp_avg_sq (step 3, kind: state_mismatch, cause: not_restored)
+  4. optimizer.state.body.bias.step (step 3, kind: state_mismatch, cause: not_restored)
+  5. optimizer.state.body.bias.exp_avg (step 3, kind: state_mismatch, cause: not_restored)
+  6. optimizer.state.body.bias.exp_avg_sq (step 3, kind: state_mismatch, cause: not_restored)
+  7. optimizer.state.head.weight.step (step 3, kind: state_mismatch, cause: not_restored)
+  8. optimizer.state.head.weight.exp_avg (step 3, kind: state_mismatch, cause: not_restored)
+  9. optimizer.state.head.weight.exp_avg_sq (step 3, kind: state_mismatch, cause: not_restored)
+  10. optimizer.state.head.bias.step (step 3, kind: state_mismatch, cause: not_restored)
+  ... and 55 more (result.violations has them all)""")
+
+    def test_scheduler(self) -> None:
+        self.assertExpectedInline(report("scheduler"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scheduler')", resume_at=3, seed=0, steps=6
+
+First violation: scheduler.last_epoch (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Values are not equal!
+
+  Expected 3 but got 0.
+  expected: 3
+  actual:   0
+
+All violations (31):
+  1. scheduler.last_epoch (step 3, kind: state_mismatch, cause: not_restored)
+  2. scheduler._step_count (step 3, kind: state_mismatch, cause: not_restored)
+  3. scheduler._last_lr (step 3, kind: state_mismatch, cause: not_restored)
+  4. optimizer.param_groups.0.lr (step 4, kind: state_mismatch)
+  5. scheduler.last_epoch (step 4, kind: state_mismatch)
+  6. scheduler._step_count (step 4, kind: state_mismatch)
+  7. scheduler._last_lr (step 4, kind: state_mismatch)
+  8. model.body.weight (step 5, kind: state_mismatch)
+  9. model.body.bias (step 5, kind: state_mismatch)
+  10. model.head.weight (step 5, kind: state_mismatch)
+  ... and 21 more (result.violations has them all)""")
+
+    def test_scaler(self) -> None:
+        self.assertExpectedInline(report("scaler"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scaler')", resume_at=3, seed=0, steps=6
+
+First violation: scaler.scale (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Scalars are not equal!
+
+  Expected 32 but got 16.
+  Absolute difference: 16 (up to 0 allowed)
+  Relative difference: 0.5 (up to 0 allowed)
+  expected: 32
+  actual:   16
+
+All violations (8):
+  1. scaler.scale (step 3, kind: state_mismatch, cause: not_restored)
+  2. scaler._growth_tracker (step 3, kind: state_mismatch, cause: not_restored)
+  3. scaler.scale (step 4, kind: state_mismatch)
+  4. scaler._growth_tracker (step 4, kind: state_mismatch)
+  5. scaler.scale (step 5, kind: state_mismatch)
+  6. scaler._growth_tracker (step 5, kind: state_mismatch)
+  7. scaler.scale (step 6, kind: state_mismatch)
+  8. scaler._growth_tracker (step 6, kind: state_mismatch)""")
+
+    def test_rng_torch(self) -> None:
+        self.assertExpectedInline(report("rng.torch"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.torch')", resume_at=3, seed=0, steps=6
+
+First violation: rng.torch (step 4, kind: rng_mismatch, cause: not_restored)
+  The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
+  Generator states are not equal.
+
+All violations (43):
+  1. rng.torch (step 4, kind: rng_mismatch, cause: not_restored)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 33 more (result.violations has them all)""")
+
+    def test_rng_numpy(self) -> None:
+        self.assertExpectedInline(report("rng.numpy"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.numpy')", resume_at=3, seed=0, steps=6
+
+First violation: rng.numpy (step 4, kind: rng_mismatch, cause: not_restored)
+  The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
+  Generator states are not equal.
+
+All violations (43):
+  1. rng.numpy (step 4, kind: rng_mismatch, cause: not_restored)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 33 more (result.violations has them all)""")
+
+    def test_rng_python(self) -> None:
+        self.assertExpectedInline(report("rng.python"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.python')", resume_at=3, seed=0, steps=6
+
+First violation: rng.python (step 4, kind: rng_mismatch, cause: not_restored)
+  The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
+  Generator states are not equal.
+
+All violations (43):
+  1. rng.python (step 4, kind: rng_mismatch, cause: not_restored)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 33 more (result.violations has them all)""")
+
+    def test_counter(self) -> None:
+        self.assertExpectedInline(report("counter"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='counter')", resume_at=3, seed=0, steps=6
+
+First violation: global_step (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Values are not equal!
+
+  Expected 3 but got 0.
+  expected: 3
+  actual:   0
+
+All violations (52):
+  1. global_step (step 3, kind: state_mismatch, cause: not_restored)
+  2. data.sample_ids (step 4, position 0, sample 0, kind: data_mismatch, cause: data_replayed)
+  3. loss (step 4, kind: loss_mismatch)
+  4. model.body.weight (step 4, kind: state_mismatch)
+  5. model.body.bias (step 4, kind: state_mismatch)
+  6. model.head.weight (step 4, kind: state_mismatch)
+  7. model.head.bias (step 4, kind: state_mismatch)
+  8. model.temperature (step 4, kind: state_mismatch)
+  9. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 42 more (result.violations has them all)""")
+
+    def test_ema(self) -> None:
+        self.assertExpectedInline(report("ema"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='ema')", resume_at=3, seed=0, steps=6
+
+First violation: ema (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Tensor-likes are not equal!
+
+  Mismatched elements: 1 / 1 (100.0%)
+  Greatest absolute difference: 0.179066 at index (0,) (up to 0 allowed)
+  Greatest relative difference: 1 at index (0,) (up to 0 allowed)
+  expected: 0.179066
+  actual:   0
+
+All violations (4):
+  1. ema (step 3, kind: state_mismatch, cause: not_restored)
+  2. ema (step 4, kind: state_mismatch)
+  3. ema (step 5, kind: state_mismatch)
+  4. ema (step 6, kind: state_mismatch)""")
+
+    def test_attribute(self) -> None:
+        self.assertExpectedInline(report("attribute"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='attribute')", resume_at=3, seed=0, steps=6
+
+First violation: model.temperature (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  Scalars are not equal!
+
+  Expected 1.2 but got 1.
+  Absolute difference: 0.2 (up to 0 allowed)
+  Relative difference: 0.166667 (up to 0 allowed)
+  expected: 1.2
+  actual:   1
+
+All violations (43):
+  1. model.temperature (step 3, kind: state_mismatch, cause: not_restored)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 33 more (result.violations has them all)""")
+
+    def test_optimizer2(self) -> None:
+        self.assertExpectedInline(report("optimizer2"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer2')", resume_at=3, seed=0, steps=6
+
+First violation: optimizer2.state.head.weight.step (step 3, kind: state_mismatch, cause: not_restored)
+  The State right after load() differs from the State right after save().
+  The entry is missing.
+  expected: 'Tensor[float32] of shape []'
+  actual:   None
+
+All violations (42):
+  1. optimizer2.state.head.weight.step (step 3, kind: state_mismatch, cause: not_restored)
+  2. optimizer2.state.head.weight.exp_avg (step 3, kind: state_mismatch, cause: not_restored)
+  3. optimizer2.state.head.weight.exp_avg_sq (step 3, kind: state_mismatch, cause: not_restored)
+  4. optimizer2.state.head.bias.step (step 3, kind: state_mismatch, cause: not_restored)
+  5. optimizer2.state.head.bias.exp_avg (step 3, kind: state_mismatch, cause: not_restored)
+  6. optimizer2.state.head.bias.exp_avg_sq (step 3, kind: state_mismatch, cause: not_restored)
+  7. model.head.weight (step 4, kind: state_mismatch)
+  8. model.head.bias (step 4, kind: state_mismatch)
+  9. optimizer2.state.head.weight.step (step 4, kind: state_mismatch)
+  10. optimizer2.state.head.weight.exp_avg (step 4, kind: state_mismatch)
+  ... and 32 more (result.violations has them all)""")
+
+    def test_data_replay(self) -> None:
+        self.assertExpectedInline(report("data_replay"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_replay')", resume_at=3, seed=0, steps=6
+
+First violation: data.sample_ids (step 4, position 0, sample 0, kind: data_mismatch, cause: data_replayed)
+  The resumed run trained on other samples than uninterrupted training.
+  The batch's sample IDs differ.
+  expected: [12, 13, 14, 15]
+  actual:   [0, 1, 2, 3]
+
+All violations (45):
+  1. data.sample_ids (step 4, position 0, sample 0, kind: data_mismatch, cause: data_replayed)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 35 more (result.violations has them all)""")
+
+    def test_data_skip(self) -> None:
+        self.assertExpectedInline(report("data_skip"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_skip')", resume_at=3, seed=0, steps=6
+
+First violation: data.sample_ids (step 4, position 0, sample 16, kind: data_mismatch, cause: data_skipped)
+  The resumed run trained on other samples than uninterrupted training.
+  The batch's sample IDs differ.
+  expected: [12, 13, 14, 15]
+  actual:   [16, 17, 18, 19]
+
+All violations (45):
+  1. data.sample_ids (step 4, position 0, sample 16, kind: data_mismatch, cause: data_skipped)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 35 more (result.violations has them all)""")
+
+    def test_rng_consumed(self) -> None:
+        self.assertExpectedInline(report("rng_consumed"), """\
+trainparity resume check: FAIL
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng_consumed')", resume_at=3, seed=0, steps=6
+
+First violation: rng.torch (step 4, kind: rng_mismatch)
+  The RNG stream at the start of the step differs from uninterrupted training: it was restored, then consumed between load() and this step (for example by a new DataLoader iterator drawing its base seed).
+  Generator states are not equal.
+
+All violations (43):
+  1. rng.torch (step 4, kind: rng_mismatch)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 33 more (result.violations has them all)""")
+
+    def test_unrestored_stream_without_effect(self) -> None:
+        self.assertExpectedInline(report("rng.python", use_python_random=False), """\
+trainparity resume check: PASS
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.python', use_python_random=False)", resume_at=3, seed=0, steps=6
+
+Notes:
+  - rng.python differs from uninterrupted training from step 4 on, but nothing else diverged: reported, not failed.""")
+
+    def test_error_report_names_the_run(self) -> None:
+        result = tp.check_resume(ResumeRecipe(fault="load_returns_dict"), steps=6, resume_at=3, timeout=60)
+        head = result.report().split("Traceback from the recipe:")[0].rstrip()
+        self.assertExpectedInline(head, """\
+trainparity resume check: ERROR
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='load_returns_dict')", resume_at=3, seed=0, steps=6
+reason: resumed: the recipe raised TypeError: ResumeRecipe.load() must return a tp.State, got dict""")
