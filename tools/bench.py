@@ -25,6 +25,44 @@ def torch_import_seconds(repeats: int = 3) -> float:
 
 BENCHMARKS: dict[str, Callable[[argparse.Namespace], None]] = {}
 
+RESUME_PROBE = """
+import json, statistics, time
+import trainparity as tp
+from trainparity.quickstarts.resume import Regression
+start = time.perf_counter()
+first = tp.check_resume(Regression, steps=6, resume_at=3)
+cold = time.perf_counter() - start
+warm = []
+for _ in range(7):
+    start = time.perf_counter()
+    result = tp.check_resume(Regression, steps=6, resume_at=3)
+    warm.append(time.perf_counter() - start)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+assert first.outcome is tp.Outcome.PASS, first.report()
+print(json.dumps({"cold": cold, "warm": statistics.median(warm)}))
+"""
+
+
+def bench_resume(args: argparse.Namespace) -> None:
+    """A 6-step resume check of a tiny model (4 fresh processes): cold and warm, against one torch import.
+
+    Cold: the first check in a new interpreter that has imported trainparity and the recipe
+    (it starts the fork server). Warm: the median of the next 7 checks in that interpreter.
+    """
+    import json
+
+    reference = torch_import_seconds()
+    done = subprocess.run([sys.executable, "-c", RESUME_PROBE], check=True, capture_output=True, text=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"python -c 'import torch':  {reference:.3f} s (median of 3)")
+    print(f"cold check (first, starts the fork server): {figures['cold']:.3f} s = "
+          f"{figures['cold'] / reference:.2f}x torch import (target <= 2x)")
+    print(f"warm check (median of 7):   {figures['warm']:.3f} s = "
+          f"{figures['warm'] / reference:.3f}x torch import (target <= 0.15x)")
+
+
+BENCHMARKS["resume"] = bench_resume
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
