@@ -20,6 +20,8 @@ from torch import nn
 
 CHECKPOINT_FORMAT = "trainparity.save_state/1"
 SCALARS = (bool, int, float, str, type(None))
+#: attributes of loaders and samplers that hold the data itself (a list is a dataset too)
+DATA_ATTRIBUTES = frozenset({"dataset", "data_source"})
 
 
 class State:
@@ -155,7 +157,7 @@ def object_attributes(obj: Any) -> dict[str, Any]:
     for name, value in attributes.items():
         if name.startswith("_") or callable(value) and not isinstance(value, (nn.Module, torch.Generator)):
             continue
-        if isinstance(value, torch.utils.data.Dataset):
+        if isinstance(value, torch.utils.data.Dataset) or name in DATA_ATTRIBUTES:
             continue
         found[name] = value
     return found
@@ -171,13 +173,24 @@ def parameter_names(state: State) -> dict[int, str]:
     Names carry no prefix when one module in the State owns parameters (`fc.weight`), and
     the entry name otherwise (`student.fc.weight`).
     """
-    owners = [(name, vars(state)[name]) for name in state if isinstance(vars(state)[name], nn.Module)]
-    owners = [(name, m) for name, m in owners if any(True for _ in m.parameters())]
+    owners = [(path, m) for path, m in _modules(state) if any(True for _ in m.parameters())]
     names: dict[int, str] = {}
     for entry, module in owners:
         for pname, parameter in module.named_parameters():
             names.setdefault(id(parameter), pname if len(owners) == 1 else f"{entry}.{pname}")
     return names
+
+
+def _modules(state: State) -> Iterator[tuple[str, nn.Module]]:
+    """The State's modules with their paths, including those in a list or dict entry."""
+    for name in state:
+        value = state[name]
+        if isinstance(value, nn.Module):
+            yield name, value
+        items: Any = enumerate(value) if isinstance(value, (list, tuple)) else ()
+        for key, item in value.items() if isinstance(value, dict) else items:
+            if isinstance(item, nn.Module):
+                yield f"{name}.{key}", item
 
 
 def optimizer_named_state_dict(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, Any]:
@@ -214,6 +227,12 @@ def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[t
         yield name, value.state_dict()
     elif is_plain(value) or isinstance(value, torch.Generator):
         yield name, value
+    elif isinstance(value, (list, tuple)):  # e.g. a list of models or optimizers
+        for index, item in enumerate(value):
+            yield from entry_components(f"{name}.{index}", item, names)
+    elif isinstance(value, dict) and all(isinstance(k, str) and "." not in k for k in value):
+        for key, item in value.items():
+            yield from entry_components(f"{name}.{key}", item, names)
     else:
         yield from _object_components(name, value, set(), depth=3)
 
@@ -292,33 +311,72 @@ def load_state(state: State, path: str | pathlib.Path) -> State:
         raise ValueError(f"{path} was not written by tp.save_state()")
     components: dict[str, Any] = document["components"]
     names = parameter_names(state)
-    for name in state:
-        for path_, current in list(entry_components(name, state[name], names)):
-            if path_ not in components:
-                raise ValueError(f"the checkpoint has no component {path_!r}; was it saved from this recipe?")
-            _restore_component(state, path_, current, _from_storable(components[path_]))
+    current = {p: v for name in state for p, v in entry_components(name, state[name], names)}
+    missing = sorted(current.keys() - components.keys())
+    if missing:
+        raise ValueError(f"the checkpoint has no component {missing[0]!r}; was it saved from this recipe?")
+    for path_, saved in components.items():
+        if path_ in current:
+            _restore_component(state, path_, current[path_], _from_storable(saved))
+            continue
+        # A module attribute set during training (model.temperature) that a fresh setup() lacks.
+        *parents, attribute = path_.split(".")
+        owner = _resolve(state, parents)
+        if not isinstance(owner, nn.Module):
+            raise ValueError(f"the checkpoint has a component {path_!r} that this State does not have")
+        setattr(owner, attribute, _from_storable(saved))
     restore_rng(document["rng"])
     return state
 
 
 def _restore_component(state: State, path: str, current: Any, saved: Any) -> None:
-    entry, *attributes = path.split(".")
-    owner: Any = state
-    target_name = entry
-    for attribute in attributes:
-        owner, target_name = getattr(owner, target_name), attribute
-    target = getattr(owner, target_name)
+    *parents, target_name = path.split(".")
+    owner = _resolve(state, parents)
+    target = _member(owner, target_name)
     if isinstance(target, torch.optim.Optimizer):
         _load_named_optimizer_state(target, saved, parameter_names(state))
-    elif has_state_dict(target) and not attributes or has_state_dict(target) and not isinstance(target, nn.Module):
+    elif has_state_dict(target):
         target.load_state_dict(saved)
     elif isinstance(target, torch.Generator):
         target.set_state(saved["__generator_state__"])
     elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and target.shape == saved.shape:
         with torch.no_grad():
             target.copy_(saved)
-    elif isinstance(owner, nn.Module) or isinstance(owner, State) or current != saved:
+    elif isinstance(owner, list):
+        owner[int(target_name)] = saved
+    elif isinstance(owner, dict):
+        owner[target_name] = saved
+    elif isinstance(owner, (nn.Module, State)) or not plain_equal(current, saved):
+        # Other objects get only what changed: a DataLoader refuses any set of batch_size.
         setattr(owner, target_name, saved)
+
+
+def _resolve(state: State, names: list[str]) -> Any:
+    owner: Any = state
+    for name in names:
+        owner = _member(owner, name)
+    return owner
+
+
+def _member(owner: Any, name: str) -> Any:
+    if isinstance(owner, (list, tuple)):
+        return owner[int(name)]
+    if isinstance(owner, dict):
+        return owner[name]
+    return getattr(owner, name)
+
+
+def plain_equal(a: Any, b: Any) -> bool:
+    """Equality for plain values that also holds for tensors and arrays inside containers."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(plain_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(plain_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def _load_named_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], names: dict[int, str]) -> None:
