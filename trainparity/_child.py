@@ -3,8 +3,8 @@
 Used by both launchers of the process engine: the warmed fork server forks and calls
 `run_request`; `isolation="spawn"` starts `python -m trainparity._child REQUEST`.
 
-The child writes only containers of tensors and strings (`torch.save`), so the parent
-reads them back with `torch.load(weights_only=True)` and never unpickles child data.
+The child writes its output in the `_wire` format (JSON plus raw tensor bytes), so the parent
+reads it back without unpickling anything a child wrote.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-RESULT_FILE = "result.pt"
-ERROR_FILE = "error.pt"
+from trainparity import _wire as wire
+
+RESULT_FILE = "result.bin"
+ERROR_FILE = "error.bin"
 #: exit status of a child whose task raised (its error file says what)
 RAISED_EXIT = 17
 
@@ -56,8 +58,6 @@ def error_record(error: BaseException) -> dict[str, str]:
 
 def run_request(request_path: str) -> int:
     """Run the task described in `request_path`; return the exit status for the process."""
-    import torch
-
     with open(request_path, "rb") as file:
         request: Request = pickle.load(file)
     os.environ.clear()
@@ -67,10 +67,10 @@ def run_request(request_path: str) -> int:
     workdir = pathlib.Path(request.workdir)
     try:
         output = load_task(request.task)(request.payload, workdir)
+        wire.dump(output, workdir / RESULT_FILE)
     except BaseException as error:  # noqa: BLE001 - everything the user's code raises is reported
-        torch.save(error_record(error), workdir / ERROR_FILE)
+        wire.dump(error_record(error), workdir / ERROR_FILE)
         return RAISED_EXIT
-    torch.save(output, workdir / RESULT_FILE)
     return 0
 
 

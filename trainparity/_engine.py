@@ -9,7 +9,7 @@ Written once, used by every check that needs processes. Three isolations:
 
 Each child runs in its own session, so on timeout, failure or exit the whole process tree
 is killed; nothing is left running and the temporary directory is removed. Children
-write their output with `torch.save`; the parent reads it with `weights_only=True`.
+write their output in the `_wire` format (JSON and raw bytes: reading it cannot run code).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
+from trainparity import _wire as wire
 from trainparity._child import ERROR_FILE, RAISED_EXIT, RESULT_FILE, Request, error_record, load_task
 from trainparity._result import ChildError
 
@@ -212,9 +211,9 @@ def kill_tree(pid: int) -> None:
 
 def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number: int) -> JobOutcome:
     if (workdir / RESULT_FILE).exists() and exitcode == 0:
-        return JobOutcome(job.phase, torch.load(workdir / RESULT_FILE, weights_only=True))
+        return JobOutcome(job.phase, wire.load(workdir / RESULT_FILE))
     if (workdir / ERROR_FILE).exists() and exitcode == RAISED_EXIT:
-        record = torch.load(workdir / ERROR_FILE, weights_only=True)
+        record = wire.load(workdir / ERROR_FILE)
         return JobOutcome(
             job.phase,
             None,

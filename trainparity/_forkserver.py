@@ -29,7 +29,7 @@ def warm_up() -> None:
     import numpy as np
     import torch
 
-    from trainparity import _child, _snapshot  # noqa: F401 - imported to be warm in children
+    from trainparity import _child, _snapshot, _wire  # noqa: F401 - imported to be warm in children
     from trainparity._state import capture_rng, restore_rng
 
     streams = capture_rng()
