@@ -3,6 +3,7 @@
 A thin public namespace over private modules; importing it starts no process.
 """
 
+from trainparity._accumulation import check_accumulation
 from trainparity._compare import ExactComparison, ToleranceComparison
 from trainparity._recipe import LossAccounting, Recipe
 from trainparity._result import (
@@ -16,6 +17,7 @@ from trainparity._result import (
     Violation,
 )
 from trainparity._resume import check_resume
+from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
 from trainparity._testing import RecipeError, TestCase, TrainParityMixin
 from trainparity._version import __version__
@@ -38,7 +40,9 @@ __all__ = [
     "TrainParityMixin",
     "Violation",
     "__version__",
+    "check_accumulation",
     "check_resume",
     "load_state",
     "save_state",
+    "split_batch",
 ]

@@ -45,6 +45,33 @@ def _run_resume(args: argparse.Namespace) -> Result:
     )
 
 
+def _microbatches(text: str) -> int | tuple[int, ...]:
+    """`4` (equal parts) or `3,3,2` (declared sizes)."""
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an int or comma-separated sizes such as 3,3,2, got {text!r}"
+        ) from None
+    return values[0] if len(values) == 1 else values
+
+
+def _run_accumulation(args: argparse.Namespace) -> Result:
+    from trainparity._accumulation import check_accumulation
+
+    return check_accumulation(
+        args.recipe,
+        microbatches=args.microbatches,
+        cycles=args.cycles,
+        comparison=_tolerance(args),
+        seed=args.seed,
+        disable_dropout=not args.keep_dropout,
+        allow_batch_dependent=args.allow_batch_dependent,
+        isolation=args.isolation,
+        timeout=args.timeout,
+    )
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="the recipe, as package.module:ClassName")
     parser.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the result as JSON")
@@ -63,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--isolation", choices=("process", "spawn", "inprocess"), default="process")
     resume.add_argument("--timeout", type=float, default=120.0)
     resume.set_defaults(run=_run_resume)
+    accumulation = commands.add_parser("accumulation", help="k micro-batches of accumulation vs one full-batch step")
+    _common(accumulation)
+    accumulation.add_argument("--microbatches", type=_microbatches, default=4, metavar="K|N,N,...",
+                              help="number of equal micro-batches, or their sizes (default: 4)")
+    accumulation.add_argument("--cycles", type=int, default=2, help="full batches compared (default: 2)")
+    accumulation.add_argument("--keep-dropout", action="store_true", help="leave dropout modules active")
+    accumulation.add_argument("--allow-batch-dependent", action="store_true",
+                              help="compare even with BatchNorm-like modules in training mode")
+    accumulation.add_argument("--isolation", choices=("inprocess", "process", "spawn"), default="inprocess")
+    accumulation.add_argument("--timeout", type=float, default=120.0)
+    accumulation.set_defaults(run=_run_accumulation)
     return parser
 
 

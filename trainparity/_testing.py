@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import expecttest
 
+from trainparity._accumulation import check_accumulation
 from trainparity._result import ChildError, Outcome, Result
 from trainparity._resume import check_resume
 
@@ -105,6 +106,13 @@ class TrainParityMixin:
         """`tp.check_resume(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
         return self.assertTrainParity(check_resume(recipe, **kwargs), msg=msg, abstain=abstain)
+
+    def assertAccumulationEquivalent(
+        self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
+    ) -> Result:
+        """`tp.check_accumulation(recipe, **kwargs)` as an assertion."""
+        __tracebackhide__ = True
+        return self.assertTrainParity(check_accumulation(recipe, **kwargs), msg=msg, abstain=abstain)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

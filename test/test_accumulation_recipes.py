@@ -1,0 +1,349 @@
+"""Recipes for the accumulation tests: clean controls and one deliberate fault per diagnosis code.
+
+Module-level classes, so that isolation="process" can rebuild them in a fresh process. Models
+are float64 and the tests declare a tight tolerance, so float rounding never hides or fakes a
+fault; `ExactLinear` is exact in binary arithmetic and passes the default exact comparison.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainparity as tp
+
+TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)
+#: States built by recipes that record them (hook-removal tests inspect them after the check)
+BUILT: list[tp.State] = []
+
+
+class MLP(tp.Recipe):
+    """Momentum SGD on a small float64 MLP; returns the scaled micro-batch loss (the one back-propagated)."""
+
+    def __init__(self, accumulation_steps: int = 1, batch_size: int = 8, record: bool = False) -> None:
+        self.accumulation_steps = accumulation_steps
+        self.batch_size = batch_size
+        self.record = record
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def setup(self) -> tp.State:
+        model = self.model()
+        x = torch.randn(64, 4, dtype=torch.float64)
+        y = torch.randn(64, 1, dtype=torch.float64)
+        loader = DataLoader(TensorDataset(x, y), batch_size=self.batch_size, shuffle=True)
+        state = tp.State(model=model, optimizer=self.optimizer(model), loader=loader, micro=0)
+        if self.record:
+            BUILT.append(state)
+        return state
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(state.model(x), y)
+
+    def boundary(self, state: tp.State) -> bool:
+        state.micro += 1
+        return bool(state.micro % self.accumulation_steps == 0)
+
+    def update(self, state: tp.State) -> None:
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+# -- clean controls --------------------------------------------------------------------------------
+
+
+class AdamWUnscaledReturn(MLP):
+    """AdamW; returns the unscaled micro-batch loss (the other common convention)."""
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch)
+        (loss / self.accumulation_steps).backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss.detach()
+
+
+class ClipAtBoundary(MLP):
+    """Clips (a threshold that bites) once per optimizer step, after the last backward; steps a scheduler."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.scheduler = torch.optim.lr_scheduler.StepLR(state.optimizer, step_size=1, gamma=0.5)
+        return state
+
+    def update(self, state: tp.State) -> None:
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=0.05)
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+        state.scheduler.step()
+
+
+class Scaled(MLP):
+    """A CPU GradScaler used by the book: scale, unscale_ before clipping, scaler.step, update."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        return state
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        state.scaler.scale(loss).backward()
+        if self.boundary(state):
+            state.scaler.unscale_(state.optimizer)
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=0.05)
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.optimizer.zero_grad()
+        return loss
+
+
+class SumOverWindow(MLP):
+    """Per-sample losses summed and divided by the full batch size: right for any micro-batch sizes."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        x, y = batch
+        loss = F.mse_loss(state.model(x), y, reduction="sum") / self.batch_size
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+@dataclasses.dataclass
+class Tokens:
+    """A batch of variable-length sequences; `window_tokens` is batch-level (0-dim), shared by micro-batches."""
+
+    x: torch.Tensor
+    mask: torch.Tensor
+    y: torch.Tensor
+    window_tokens: torch.Tensor
+
+
+class TokenWeighted(MLP):
+    """Masked per-token loss normalized by the window's token count; declares it with tp.LossAccounting."""
+
+    def setup(self) -> tp.State:
+        model = nn.Linear(3, 1).double()
+        lengths = torch.randint(1, 6, (64,))
+        mask = torch.arange(5).expand(64, 5) < lengths[:, None]
+        x = torch.randn(64, 5, 3, dtype=torch.float64)
+        y = torch.randn(64, 5, dtype=torch.float64)
+        batches = [Tokens(x[i:i + 8], mask[i:i + 8], y[i:i + 8], mask[i:i + 8].sum()) for i in range(0, 64, 8)]
+        state = tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), micro=0)
+        state.data = batches
+        return state
+
+    def batches(self, state: tp.State) -> Any:
+        return iter(state.data)
+
+    def token_losses(self, state: tp.State, batch: Tokens) -> tuple[torch.Tensor, torch.Tensor]:
+        per_token = (state.model(batch.x).squeeze(-1) - batch.y) ** 2
+        return (per_token * batch.mask).sum(), batch.mask.sum()
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        total, tokens = self.token_losses(state, batch)
+        loss = total / batch.window_tokens
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return tp.LossAccounting(loss.detach(), total.detach(), tokens)
+
+
+class ExactLinear(MLP):
+    """A linear model on small dyadic numbers: every sum is exact, so the default exact comparison holds."""
+
+    def model(self) -> nn.Module:
+        model = nn.Linear(2, 1, bias=False).double()
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([[0.5, -0.25]], dtype=torch.float64))
+        return model
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.125)
+
+    def setup(self) -> tp.State:
+        model = self.model()
+        x = torch.randint(-2, 3, (64, 2)).double()
+        y = torch.randint(-2, 3, (64, 1)).double()
+        loader = DataLoader(TensorDataset(x, y), batch_size=self.batch_size)
+        return tp.State(model=model, optimizer=self.optimizer(model), loader=loader, micro=0)
+
+
+# -- one fault per diagnosis code ------------------------------------------------------------------
+
+
+class NotScaled(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch)
+        loss.backward()  # fault: not divided by accumulation_steps
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+class ScaledTwice(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        (loss / self.accumulation_steps).backward()  # fault: divided again
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+class NoZeroGrad(MLP):
+    def update(self, state: tp.State) -> None:
+        state.optimizer.step()  # fault: gradients never reset
+
+
+class Premature(MLP):
+    def boundary(self, state: tp.State) -> bool:
+        state.micro += 1
+        return bool(state.micro % self.accumulation_steps == 1 % self.accumulation_steps)  # fault: first, not last
+
+
+class StepsEveryMicrobatch(MLP):
+    def boundary(self, state: tp.State) -> bool:
+        return True  # fault: no accumulation at all
+
+
+class SamplesPerStep(MLP):
+    """Steps every `batch_size * accumulation_steps` samples, as if each call got a full batch."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        state.micro += len(batch[0])
+        if state.micro % (self.batch_size * self.accumulation_steps) == 0:  # fault: never, for micro-batches
+            self.update(state)
+        return loss
+
+
+class SchedulerPerMicrobatch(ClipAtBoundary):
+    def update(self, state: tp.State) -> None:
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = super().step(state, batch)
+        state.scheduler.step()  # fault: once per micro-batch
+        return loss
+
+
+class ClipPerMicrobatch(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=0.05)  # fault: every micro-batch
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+class MeanOfMeans(TokenWeighted):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        total, tokens = self.token_losses(state, batch)
+        loss = total / tokens / self.accumulation_steps  # fault: each micro-batch's own token mean
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return tp.LossAccounting(loss.detach(), total.detach(), tokens)
+
+
+class MeanOfMeansBareLoss(MeanOfMeans):
+    """The same fault, returning a bare loss: the gradients phase has to find it."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        result = super().step(state, batch)
+        return result.value
+
+
+class ClipBeforeUnscale(Scaled):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        state.scaler.scale(loss).backward()
+        if self.boundary(state):
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=0.05)  # fault: still scaled
+            state.scaler.step(state.optimizer)
+            state.scaler.update()
+            state.optimizer.zero_grad()
+        return loss
+
+
+# -- modules and code that make the equivalence unverifiable, and broken recipes -------------------
+
+
+class WithDropout(MLP):
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 1)).double()
+
+
+class WithBatchNorm(MLP):
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1)).double()
+
+
+class FrozenBatchNorm(WithBatchNorm):
+    """BatchNorm in eval mode normalizes with its running statistics: nothing depends on the batch."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        state.model.eval()
+        return super().step(state, batch)
+
+
+class NoisyStep(MLP):
+    """Adds noise drawn from the global RNG inside step(): micro-batches draw other numbers."""
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return F.mse_loss(state.model(x + 0.1 * torch.randn_like(x)), y)
+
+
+class RaisesInStep(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        raise ValueError("boom in step")
+
+
+class NoAccumulationParameter(tp.Recipe):
+    def __init__(self, lr: float = 0.1) -> None:
+        self.lr = lr
+
+
+class SetupDependsOnK(MLP):
+    """Builds its loader from the micro-batch size: the two runs do not start from the same State."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.loader = DataLoader(state.loader.dataset, batch_size=self.batch_size // self.accumulation_steps)
+        return state
+
+
+class ListBatch(MLP):
+    """Batches holding per-sample values in plain lists, which tp.split_batch refuses to guess about."""
+
+    def batches(self, state: tp.State) -> Any:
+        for x, y in state.loader:
+            yield {"x": x, "y": y, "weights": [1.0] * len(x)}
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        return super().loss(state, (batch["x"], batch["y"]))
