@@ -3,8 +3,18 @@
 A thin public namespace over private modules; importing it starts no process.
 """
 
+from trainparity import strategies
 from trainparity._accumulation import check_accumulation
 from trainparity._compare import ExactComparison, ToleranceComparison
+from trainparity._coverage import check_coverage
+from trainparity._coverage_policy import (
+    AtLeastOnce,
+    DistinctEpochOrder,
+    ExactlyOnce,
+    ExpectedPadding,
+    NoCrossRankOverlap,
+)
+from trainparity._coverage_record import CoverageRecorder, WorkerBatch, tag_workers
 from trainparity._recipe import LossAccounting, Recipe
 from trainparity._result import (
     AccumulationResult,
@@ -24,11 +34,17 @@ from trainparity._version import __version__
 
 __all__ = [
     "AccumulationResult",
+    "AtLeastOnce",
     "ChildError",
+    "CoverageRecorder",
     "CoverageResult",
     "DataParallelResult",
+    "DistinctEpochOrder",
     "ExactComparison",
+    "ExactlyOnce",
+    "ExpectedPadding",
     "LossAccounting",
+    "NoCrossRankOverlap",
     "Outcome",
     "Recipe",
     "RecipeError",
@@ -39,10 +55,14 @@ __all__ = [
     "ToleranceComparison",
     "TrainParityMixin",
     "Violation",
+    "WorkerBatch",
     "__version__",
     "check_accumulation",
+    "check_coverage",
     "check_resume",
     "load_state",
     "save_state",
     "split_batch",
+    "strategies",
+    "tag_workers",
 ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import expecttest
 
 from trainparity._accumulation import check_accumulation
+from trainparity._coverage import check_coverage
 from trainparity._result import ChildError, Outcome, Result
 from trainparity._resume import check_resume
 
@@ -106,6 +107,15 @@ class TrainParityMixin:
         """`tp.check_resume(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
         return self.assertTrainParity(check_resume(recipe, **kwargs), msg=msg, abstain=abstain)
+
+    def assertCoverage(
+        self, ranks: Any, *, policy: Any, sample_ids: Any = None, msg: Message = None, abstain: str = "fail",
+        **kwargs: Any
+    ) -> Result:
+        """`tp.check_coverage(ranks, policy=..., sample_ids=..., **kwargs)` as an assertion."""
+        __tracebackhide__ = True
+        result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, **kwargs)
+        return self.assertTrainParity(result, msg=msg, abstain=abstain)
 
     def assertAccumulationEquivalent(
         self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any

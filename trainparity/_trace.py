@@ -44,28 +44,67 @@ def normalize_sample_ids(ids: Any, where: str) -> SampleIds | None:
     """Sample IDs as a list of ints or strings; anything else is a TypeError naming the place."""
     if ids is None:
         return None
+    ids_list: SampleIds = sample_id_array(ids, where).tolist()
+    return ids_list
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def sample_id_array(ids: Any, where: str) -> np.ndarray[Any, Any]:
+    """Sample IDs as a flat int64 or str array; anything else is a TypeError naming `where` and the position.
+
+    IDs are ints (Python, numpy, integer tensors) or strings, not both in one batch. Tensors,
+    arrays and lists of plain ints or of plain strings are converted without a Python loop.
+    """
     if isinstance(ids, torch.Tensor):
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"{where}: sample IDs must be integers or strings, got a {ids.dtype} tensor")
-        return [int(v) for v in ids.reshape(-1).tolist()]
+        ids = ids.detach().cpu().numpy()
     if isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iuUS":
+        if ids.dtype.kind in "iu":
+            if ids.dtype == np.uint64 and ids.size and int(ids.max()) > _INT64_MAX:
+                raise TypeError(f"{where}: sample IDs must fit in int64, got {int(ids.max())}")
+            return ids.reshape(-1).astype(np.int64, copy=False)
+        if ids.dtype.kind == "U":
+            return ids.reshape(-1)
+        if ids.dtype.kind != "O":
             raise TypeError(f"{where}: sample IDs must be integers or strings, got an array of {ids.dtype}")
-        return [v if isinstance(v, str) else int(v) for v in ids.reshape(-1).tolist()]
+        ids = ids.reshape(-1).tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{where}: sample_ids() must return a sequence of IDs, got {type(ids).__name__}")
+    values = ids if isinstance(ids, (list, tuple)) else list(ids)
+    kinds = set(map(type, values))
+    if kinds <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            raise TypeError(f"{where}: sample IDs must fit in int64") from None
+    if kinds == {str}:
+        return np.array(values, dtype=np.str_)
+    return _checked_id_array(values, where)
+
+
+def _checked_id_array(values: list[Any] | tuple[Any, ...], where: str) -> np.ndarray[Any, Any]:
+    """The slow path: numpy integers, 0-d integer tensors, and a precise error for anything else."""
     out: SampleIds = []
-    for position, value in enumerate(ids):
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and value.ndim == 0 and not (
+            value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+        ):
+            value = int(value)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
-            if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
-                out.append(int(value))
-                continue
             raise TypeError(
                 f"{where}: sample ID at position {position} is {type(value).__name__} {value!r}; "
                 "IDs must be ints or strings"
             )
+        if out and isinstance(value, str) != isinstance(out[0], str):
+            raise TypeError(
+                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r} but position 0 is "
+                f"{type(out[0]).__name__} {out[0]!r}; IDs must be all ints or all strings"
+            )
         out.append(value if isinstance(value, str) else int(value))
-    return out
+    return np.array(out, dtype=np.str_ if out and isinstance(out[0], str) else np.int64)
 
 
 def loss_value(loss: Any, where: str) -> float | None:

@@ -1,0 +1,119 @@
+"""trainparity.strategies: torch's DistributedSampler against expected_policy for every generated config."""
+
+from __future__ import annotations
+
+import unittest
+
+import torch
+from hypothesis import example, find, given, settings
+
+import trainparity as tp
+from trainparity import strategies as tps
+from trainparity.strategies import SamplerConfig
+
+
+def config(n: int, world: int, *, drop_last: bool = False, shuffle: bool = False, batch_size: int = 1,
+           epochs: int = 1, seed: int = 0, num_workers: int = 0) -> SamplerConfig:
+    return SamplerConfig(n, world, batch_size, drop_last, shuffle, seed, epochs, num_workers)
+
+
+@tps.torch_settings(max_examples=500)
+@given(cfg=tps.sampler_configs(max_workers=0))
+@example(cfg=config(3, 8))  # NOTES.md: padded ranks see [0], [1], [2], [0], [1], [2], [0], [1]
+@example(cfg=config(3, 8, drop_last=True))  # every rank empty
+@example(cfg=config(0, 3))
+@example(cfg=config(1, 1, batch_size=3))  # batch larger than the dataset
+@example(cfg=config(7, 3, drop_last=True, shuffle=True, epochs=2))  # a shuffled lost tail
+@example(cfg=config(40, 2, shuffle=True, epochs=3, seed=7))  # DistinctEpochOrder is expected
+def test_distributed_sampler_satisfies_expected_policy(cfg: SamplerConfig) -> None:
+    samplers = tps.distributed_samplers(cfg)
+    windows = tps.epoch_windows(samplers, cfg.epochs)
+    result = tp.check_coverage(windows, policy=tps.expected_policy(cfg))
+    assert result.passed, result.report()
+    for window in windows:
+        assert [len(ids) for ids in window.values()] == [cfg.samples_per_rank] * cfg.world_size
+        assert sum(map(len, window.values())) == cfg.dataset_size + cfg.padding - cfg.dropped
+    assert all(len(s) == cfg.samples_per_rank for s in samplers.values())
+
+
+@tps.torch_settings(max_examples=12)
+@given(cfg=tps.sampler_configs(max_dataset_size=24, max_world_size=3, max_epochs=2, max_workers=2))
+@example(cfg=config(5, 2, batch_size=2, num_workers=2, shuffle=True, epochs=2))
+def test_data_loaders_with_workers_match_their_samplers(cfg: SamplerConfig) -> None:
+    windows = tps.epoch_windows(tps.data_loaders(cfg), cfg.epochs)
+    result = tp.check_coverage(windows, policy=tps.expected_policy(cfg))
+    assert result.passed, result.report()
+    sampled = tps.epoch_windows(tps.distributed_samplers(cfg), cfg.epochs)
+    for loaded, expected in zip(windows, sampled, strict=True):
+        for rank, batches in loaded.items():
+            assert all(isinstance(b, tp.WorkerBatch) for b in batches)
+            assert {b.worker for b in batches} <= ({None} if cfg.num_workers == 0 else set(range(cfg.num_workers)))
+            flat = [int(i) for b in batches for i in b.batch]
+            assert flat == expected[rank]
+
+
+@tps.torch_settings(max_examples=30)
+@given(cfg=tps.sampler_configs(min_dataset_size=2 * tps.ORDER_MIN_SAMPLES, max_dataset_size=80, max_world_size=2,
+                               min_epochs=2, max_workers=0, shuffle=True))
+def test_forgotten_set_epoch_repeats_every_ranks_order(cfg: SamplerConfig) -> None:
+    windows = tps.epoch_windows(tps.distributed_samplers(cfg), cfg.epochs, set_epoch=False)
+    result = tp.check_coverage(windows, policy=tps.expected_policy(cfg))
+    assert tp.DistinctEpochOrder in {type(p) for p in tps.expected_policy(cfg)}
+    assert result.counts == {"repeated_epoch_order": cfg.world_size * (cfg.epochs - 1)}, result.report()
+
+
+class TestStrategies(unittest.TestCase):
+    def test_notes_edge_case_n3_world8(self) -> None:
+        padded = tps.epoch_windows(tps.distributed_samplers(config(3, 8)), 1)[0]
+        self.assertEqual([padded[r] for r in range(8)], [[0], [1], [2], [0], [1], [2], [0], [1]])
+        self.assertEqual([p.describe() for p in tps.expected_policy(config(3, 8))],
+                         ["ExpectedPadding(range(0, 3), padding=5)"])
+        dropped = tps.epoch_windows(tps.distributed_samplers(config(3, 8, drop_last=True)), 1)[0]
+        self.assertEqual(dropped, {r: [] for r in range(8)})
+        self.assertEqual([p.describe() for p in tps.expected_policy(config(3, 8, drop_last=True))],
+                         ["ExactlyOnce(range(0, 0))"])
+
+    def test_expected_policy_per_config(self) -> None:
+        cases = [
+            (config(8, 4), ["ExactlyOnce(range(0, 8))"]),
+            (config(10, 4, drop_last=True), ["ExactlyOnce(range(0, 8))"]),
+            (config(10, 4, drop_last=True, shuffle=True), ["NoCrossRankOverlap()"]),
+            (config(50, 2, shuffle=True, epochs=2), ["ExactlyOnce(range(0, 50))", "DistinctEpochOrder()"]),
+            (config(50, 3, shuffle=True, epochs=1), ["ExpectedPadding(range(0, 50), padding=1)"]),
+            (config(30, 2, shuffle=True, epochs=2), ["ExactlyOnce(range(0, 30))"]),  # 15 per rank: may repeat
+        ]
+        for cfg, expected in cases:
+            with self.subTest(cfg=cfg):
+                self.assertEqual([p.describe() for p in tps.expected_policy(cfg)], expected)
+
+    def test_generates_the_edge_cases_and_shrinks_to_the_simplest(self) -> None:
+        quick = settings(database=None, max_examples=2000)
+        for condition in (lambda c: c.dataset_size == 0, lambda c: c.dataset_size == 1,
+                          lambda c: c.batch_size > c.dataset_size > 0, lambda c: c.world_size == 8,
+                          lambda c: c.num_workers == 2):
+            find(tps.sampler_configs(), condition, settings=quick)
+        self.assertEqual(find(tps.sampler_configs(), lambda c: c.padding > 0, settings=quick),
+                         config(1, 2))
+        self.assertEqual(find(tps.sampler_configs(), lambda c: c.dropped > 0, settings=quick),
+                         config(1, 2, drop_last=True))
+
+    def test_strategy_arguments_are_checked(self) -> None:
+        with self.assertRaisesRegex(ValueError, "min_dataset_size <= max_dataset_size"):
+            tps.sampler_configs(min_dataset_size=5, max_dataset_size=2).example()
+        with self.assertRaisesRegex(ValueError, "min_epochs <= max_epochs"):
+            tps.sampler_configs(min_epochs=0).example()
+
+    def test_epoch_windows_sets_the_epoch_on_samplers_behind_loaders(self) -> None:
+        cfg = config(40, 2, shuffle=True, epochs=2, batch_size=4)
+        windows = tps.epoch_windows(tps.data_loaders(cfg), 2)
+        first = [torch.cat([b.batch for b in windows[e][0]]).tolist() for e in range(2)]
+        self.assertNotEqual(first[0], first[1])
+        self.assertEqual(sorted(first[0] + [i for b in windows[0][1] for i in b.batch.tolist()]), list(range(40)))
+
+    def test_torch_settings(self) -> None:
+        self.assertIsNone(tps.torch_settings().deadline)
+        self.assertEqual(tps.torch_settings(max_examples=7).max_examples, 7)
+
+
+if __name__ == "__main__":
+    unittest.main()

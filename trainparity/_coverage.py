@@ -1,0 +1,338 @@
+"""`check_coverage`: audit the sample IDs that ranks observed, window by window (epoch by epoch).
+
+Collection iterates the user's iterables (DataLoaders, samplers, batch samplers, lists) rank
+by rank and turns every batch into a numpy array of IDs; the audit (`_coverage_audit.py`)
+judges the policies over those arrays; this module turns its findings into `tp.Violation`s
+with messages. An exception raised by the user's iterables or `sample_ids` is an ERROR
+result; IDs that are not ints or strings are a TypeError naming the batch and position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from trainparity._child import error_record
+from trainparity._coverage_audit import (
+    CROSS_RANK,
+    KINDS,
+    MISSING,
+    PADDING,
+    REPEATED,
+    SAME_RANK,
+    UNEXPECTED,
+    Codes,
+    Findings,
+    Observations,
+    Plan,
+    audit,
+)
+from trainparity._coverage_policy import (
+    AtLeastOnce,
+    CoveragePolicy,
+    DistinctEpochOrder,
+    ExactlyOnce,
+    ExpectedPadding,
+    IdArray,
+    NoCrossRankOverlap,
+    Universe,
+    resolve_policies,
+    shared_universe,
+)
+from trainparity._coverage_record import CoverageRecorder, WorkerBatch, batch_id_array
+from trainparity._result import ChildError, CoverageResult, JsonValue, Outcome, Violation
+
+Window = tuple[int, Mapping[int, Any]]
+
+
+def check_coverage(
+    ranks: Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]] | CoverageRecorder,
+    *,
+    policy: CoveragePolicy | list[CoveragePolicy] | tuple[CoveragePolicy, ...],
+    sample_ids: Callable[[Any], Any] | None = None,
+    max_violations: int | None = None,
+) -> CoverageResult:
+    """Audit which sample IDs each rank observed against `policy`. Never raises for a FAIL.
+
+    `ranks` is `{rank: iterable of batches}` for one window (epoch 0), a sequence of such
+    mappings (one per epoch), or a `tp.CoverageRecorder` (its recorded epochs). `sample_ids(batch)`
+    extracts a batch's IDs (default: the batch is the IDs; a lone int or string is one ID);
+    a `tp.WorkerBatch` is unwrapped first. `max_violations` stops listing violations after the
+    first n in observation order (the notes then give the counts of all).
+    """
+    policies = resolve_policies(policy)
+    if sample_ids is not None and not callable(sample_ids):
+        raise TypeError(f"sample_ids= must be a function batch -> IDs, got {type(sample_ids).__name__}")
+    if max_violations is not None and (isinstance(max_violations, bool) or not isinstance(max_violations, int)
+                                       or max_violations < 1):
+        raise ValueError(f"max_violations= must be an int >= 1 or None, got {max_violations!r}")
+    if isinstance(ranks, CoverageRecorder) and sample_ids is not None:
+        raise ValueError("a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
+    windows = _windows(ranks)
+    config: dict[str, Any] = {
+        "policy": [p.describe() for p in policies],
+        "epochs": [label for label, _ in windows],
+        "ranks": sorted({rank for _, mapping in windows for rank in mapping}),
+    }
+    if max_violations is not None:
+        config["max_violations"] = max_violations
+    try:
+        observations = _collect(windows, sample_ids)
+    except _UserCodeFailed as failure:
+        return failure.result(config)
+    plan, abstained = _plan(policies, len(windows))
+    findings, coded = audit(observations, plan)
+    violations = _violations(findings, observations, coded, plan.universe, max_violations)
+    notes = list(findings.notes)
+    if max_violations is not None and len(findings) > max_violations:
+        counts = ", ".join(f"{kind}={count}" for kind, count in sorted(findings.counts().items()))
+        notes.append(f"listed the first {max_violations} of {len(findings)} violations (max_violations="
+                     f"{max_violations}); all of them: {counts}")
+    if violations:
+        notes += [f"not judged: {reason}" for reason in abstained]
+        return CoverageResult(Outcome.FAIL, violations, notes, config)
+    if abstained:
+        return CoverageResult(Outcome.ABSTAIN, [], notes, config, reason="; ".join(abstained))
+    return CoverageResult(Outcome.PASS, [], notes, config)
+
+
+def _windows(ranks: object) -> list[Window]:
+    """The observation windows as (epoch label, {rank: iterable})."""
+    if isinstance(ranks, CoverageRecorder):
+        return list(ranks.windows())
+    if isinstance(ranks, Mapping):
+        windows: list[Window] = [(0, ranks)]
+    elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+        raise TypeError("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one per "
+                        f"epoch) or a tp.CoverageRecorder, got {type(ranks).__name__}")
+    else:
+        windows = list(enumerate(ranks))
+        if not windows:
+            raise ValueError("ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
+    for label, mapping in windows:
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"ranks= epoch {label} must be a mapping {{rank: iterable of batches}}, "
+                            f"got {type(mapping).__name__}")
+        if not mapping:
+            raise ValueError(f"ranks= epoch {label} maps no rank: pass {{rank: iterable of batches}}")
+        for rank, iterable in mapping.items():
+            if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) or rank < 0:
+                raise TypeError(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in epoch {label}")
+            if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
+                raise TypeError(f"ranks[{rank}] (epoch {label}) must be an iterable of batches (a DataLoader, "
+                                f"sampler, batch sampler or list), got {type(iterable).__name__}")
+    return windows
+
+
+class _UserCodeFailed(Exception):
+    """The user's iterable or sample_ids raised: the check ends in ERROR."""
+
+    def __init__(self, error: Exception, phase: str, rank: int) -> None:
+        super().__init__(phase)
+        self.error, self.phase, self.rank = error, phase, rank
+
+    def result(self, config: dict[str, Any]) -> CoverageResult:
+        record = error_record(self.error)
+        error = ChildError("raised", self.phase, record["message"], record["exc_type"], record["traceback"],
+                           rank=self.rank)
+        return CoverageResult(Outcome.ERROR, config=config, reason=error.headline().splitlines()[0], error=error,
+                              exception=self.error)
+
+
+def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
+    """Iterate every rank's batches into one array of IDs with its segment and batch tables."""
+    parts: list[IdArray] = []
+    segment_starts, segment_window, segment_rank, segment_batches = [0], [], [], [0]
+    batch_starts: list[int] = []
+    batch_workers: list[int] = []
+    total = 0
+    first_kind: tuple[str, str] | None = None
+    for window, (label, mapping) in enumerate(windows):
+        for rank in sorted(mapping):
+            phase = f"epoch {label}, rank {rank}"
+            try:
+                iterator = iter(mapping[rank])
+            except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
+                raise _UserCodeFailed(error, phase, int(rank)) from error
+            index = 0
+            while True:
+                where = f"{phase}, batch {index}"
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
+                    raise _UserCodeFailed(error, where, int(rank)) from error
+                worker = None
+                if isinstance(batch, WorkerBatch):
+                    batch, worker = batch.batch, batch.worker
+                if sample_ids is None:
+                    ids = batch
+                else:
+                    try:
+                        ids = sample_ids(batch)
+                    except Exception as error:  # noqa: BLE001 - the user's sample_ids failed: an ERROR result
+                        raise _UserCodeFailed(error, f"sample_ids() at {where}", int(rank)) from error
+                array = batch_id_array(ids, f"check_coverage: {where}")
+                if len(array):
+                    kind = "str" if array.dtype.kind == "U" else "int"
+                    if first_kind is None:
+                        first_kind = (kind, where)
+                    elif kind != first_kind[0]:
+                        raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
+                                        f"{first_kind[0]} IDs; IDs must be all ints or all strings")
+                    parts.append(array)
+                batch_starts.append(total)
+                batch_workers.append(_worker(worker, where))
+                total += len(array)
+                index += 1
+            segment_starts.append(total)
+            segment_window.append(window)
+            segment_rank.append(int(rank))
+            segment_batches.append(len(batch_starts))
+    ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+    del parts
+    as_array = np.array
+    return Observations(
+        ids=ids,
+        segment_starts=as_array(segment_starts, dtype=np.int64),
+        segment_window=as_array(segment_window, dtype=np.int64),
+        segment_rank=as_array(segment_rank, dtype=np.int64),
+        segment_batches=as_array(segment_batches, dtype=np.int64),
+        batch_starts=as_array(batch_starts, dtype=np.int64),
+        batch_workers=as_array(batch_workers, dtype=np.int64),
+        epochs=[label for label, _ in windows],
+        ranks=sorted({int(rank) for _, mapping in windows for rank in mapping}),
+    )
+
+
+def _worker(worker: object, where: str) -> int:
+    if worker is None:
+        return -1
+    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
+        raise TypeError(f"check_coverage: {where} is a WorkerBatch whose worker is {worker!r}; "
+                        "it must be an int >= 0 or None")
+    return int(worker)
+
+
+def _plan(policies: list[CoveragePolicy], windows: int) -> tuple[Plan, list[str]]:
+    """What the audit judges, and why each policy that cannot be judged abstains."""
+    plan = Plan(shared_universe(policies))
+    abstained: list[str] = []
+    for policy in policies:
+        if isinstance(policy, (ExactlyOnce, AtLeastOnce, ExpectedPadding)):
+            if policy.universe is None:
+                name = type(policy).__name__
+                abstained.append(f"{name}: the universe is unknown (universe=None), so missing and unexpected IDs "
+                                 f"cannot be judged; declare it, e.g. tp.{name}(range(len(dataset))"
+                                 f"{', padding=n' if name == 'ExpectedPadding' else ''})")
+                continue
+            plan.unexpected = plan.missing = True
+            if isinstance(policy, ExactlyOnce):
+                plan.universe_duplicates = True
+            if isinstance(policy, ExpectedPadding):
+                plan.paddings = tuple(sorted({*plan.paddings, policy.padding}))
+        elif isinstance(policy, NoCrossRankOverlap):
+            plan.cross_rank = True
+        elif isinstance(policy, DistinctEpochOrder):
+            if windows < 2:
+                abstained.append("DistinctEpochOrder: one epoch was observed, and an order can only repeat across "
+                                 "epochs; pass a sequence of per-epoch mappings")
+            else:
+                plan.epoch_order = True
+    return plan, abstained
+
+
+def _batch(batch: int, worker: int) -> str:
+    return f"batch {batch}" if worker < 0 else f"batch {batch}, worker {worker}"
+
+
+def _at(rank: int, position: int, batch: int, worker: int) -> str:
+    return f"rank {rank} at position {position} ({_batch(batch, worker)})"
+
+
+@dataclasses.dataclass
+class _Located:
+    """Where a set of observations was made, as Python lists."""
+
+    rank: list[int]
+    position: list[int]
+    batch: list[int]
+    worker: list[int]
+
+    @classmethod
+    def of(cls, observations: Observations, index: IdArray) -> _Located:
+        valid = index >= 0
+        rank, position, batch, worker = (np.full(len(index), -1, dtype=np.int64) for _ in range(4))
+        if valid.any():
+            segment, position[valid], batch[valid], worker[valid] = observations.locate(index[valid])
+            rank[valid] = observations.segment_rank[segment]
+        return cls(rank.tolist(), position.tolist(), batch.tolist(), worker.tolist())
+
+
+def _violations(findings: Findings, observations: Observations, coded: Codes, universe: Universe | None,
+                limit: int | None) -> list[Violation]:
+    """Materialize the first `limit` findings (all by default) as Violations, with their messages."""
+    n = len(findings) if limit is None else min(limit, len(findings))
+    if n == 0:
+        return []
+    kinds = findings.kind[:n].tolist()
+    windows = findings.window[:n].tolist()
+    seen = _Located.of(observations, findings.observation[:n])
+    duplicate = np.isin(findings.kind[:n], [SAME_RANK, CROSS_RANK])
+    first = _Located.of(observations, np.where(duplicate, findings.reference[:n], -1))
+    codes = findings.code[:n]
+    samples: list[Any] = [None] * n
+    with_sample = np.flatnonzero(codes >= 0)
+    for row, sample in zip(with_sample.tolist(), coded.decode(codes[with_sample], universe), strict=True):
+        samples[row] = sample
+    references, details, counts = (c[:n].tolist() for c in (findings.reference, findings.detail, findings.count))
+    description = universe.description if universe is not None else "None"
+    out = []
+    for i in range(n):
+        kind, epoch, sample = kinds[i], observations.epochs[windows[i]], samples[i]
+        rank, position, worker = seen.rank[i], seen.position[i], seen.worker[i]
+        at = _at(rank, position, seen.batch[i], worker) if rank >= 0 else ""
+        expected: JsonValue = None
+        actual: JsonValue = None
+        if kind == UNEXPECTED:
+            message = (f"Sample {sample!r} was observed by {at} of epoch {epoch}, but it is not in the universe "
+                       f"{description}.")
+        elif kind == SAME_RANK:
+            message = (f"Sample {sample!r} was observed again by {at} of epoch {epoch}; rank {rank} first observed "
+                       f"it at position {first.position[i]} ({_batch(first.batch[i], first.worker[i])}).")
+            if worker >= 0 and first.worker[i] >= 0 and worker != first.worker[i]:
+                message += (f"\nWorkers {first.worker[i]} and {worker} of rank {rank} both produced it: a DataLoader "
+                            "over an IterableDataset replays the data in every worker unless the dataset shards it "
+                            "with torch.utils.data.get_worker_info().")
+        elif kind == CROSS_RANK:
+            message = (f"Sample {sample!r} was observed by {at} of epoch {epoch}, but "
+                       f"{_at(first.rank[i], first.position[i], first.batch[i], first.worker[i])} observed it first.")
+        elif kind == MISSING:
+            message = f"Sample {sample!r} of the universe was observed by no rank in epoch {epoch}."
+        elif kind == PADDING:
+            expected, actual = details[i], counts[i]
+            message = (f"Epoch {epoch} has {counts[i]} observations beyond one per sample of the universe; "
+                       f"ExpectedPadding declared padding={details[i]}.")
+        else:
+            assert kind == REPEATED
+            rank = details[i]
+            message = (f"Rank {rank} observed the same {counts[i]} samples in the same order in epoch {epoch} as in "
+                       f"epoch {observations.epochs[references[i]]}.\nIs sampler.set_epoch(epoch) called before each "
+                       "epoch? DistributedSampler shuffles with seed + epoch.")
+        out.append(Violation(
+            kind=KINDS[kind],
+            path=f"coverage.{KINDS[kind]}",
+            message=message,
+            expected=expected,
+            actual=actual,
+            sample_id=sample,
+            rank=rank if rank >= 0 else None,
+            epoch=epoch,
+            position=position if position >= 0 else None,
+            worker=worker if worker >= 0 else None,
+        ))
+    return out

@@ -1,0 +1,329 @@
+"""The coverage audit: every policy judged over numpy arrays, without a Python loop per sample.
+
+Observations arrive as one array of IDs in (window, rank, position) segment order. IDs are
+encoded once as int64 codes: a code below U is the ID's position in the declared universe
+(U IDs), codes from U up number the other observed IDs (sorted). Per window, one
+`bincount` over the codes tells which IDs were missed or repeated; only the observations
+of repeated IDs are sorted, to classify each repeat as a same-rank or cross-rank duplicate.
+The findings form a columnar table, sorted at the end into observation order:
+(epoch, position, rank) for what was observed, then per window the missing IDs in universe
+order, the padding count, and the ranks whose order repeated an earlier epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from trainparity._coverage_policy import IdArray, Universe
+
+#: violation kinds in the order the audit reports ties (same observation, or end of a window)
+KINDS = (
+    "unexpected_id",
+    "same_rank_duplicate",
+    "cross_rank_duplicate",
+    "missing_id",
+    "padding_count",
+    "repeated_epoch_order",
+)
+UNEXPECTED, SAME_RANK, CROSS_RANK, MISSING, PADDING, REPEATED = range(len(KINDS))
+#: IDs without a universe whose values span at most this many slots per observation are coded by offset
+DENSE_SPAN_FACTOR = 2
+_SPAN_SLACK = 1024
+
+
+@dataclasses.dataclass
+class Observations:
+    """Every observed sample ID with where it was observed.
+
+    Segment s is one rank's stream in one window: `ids[segment_starts[s]:segment_starts[s + 1]]`.
+    Segments are ordered by window, then rank. Batches are numbered globally; `batch_workers`
+    holds each batch's DataLoader worker (-1: unknown).
+    """
+
+    ids: IdArray
+    segment_starts: IdArray
+    segment_window: IdArray
+    segment_rank: IdArray
+    segment_batches: IdArray
+    batch_starts: IdArray
+    batch_workers: IdArray
+    #: the label of each window (its epoch number)
+    epochs: list[int]
+    #: every rank that appears in any window, sorted
+    ranks: list[int]
+
+    @property
+    def kind(self) -> str:
+        return "str" if self.ids.dtype.kind == "U" else "int"
+
+    def window_bounds(self, window: int) -> tuple[int, int, int, int]:
+        """(first segment, end segment, first ID, end ID) of a window."""
+        first, end = np.searchsorted(self.segment_window, [window, window + 1])
+        return int(first), int(end), int(self.segment_starts[first]), int(self.segment_starts[end])
+
+    def locate(self, index: IdArray) -> tuple[IdArray, IdArray, IdArray, IdArray]:
+        """(segment, position in the rank's stream, batch number in that stream, worker) of observations."""
+        segment = np.searchsorted(self.segment_starts, index, side="right") - 1
+        position = index - self.segment_starts[segment]
+        batch = np.searchsorted(self.batch_starts, index, side="right") - 1
+        return segment, position, batch - self.segment_batches[segment], self.batch_workers[batch]
+
+
+@dataclasses.dataclass
+class Plan:
+    """What to judge: derived from the policies that could be judged."""
+
+    universe: Universe | None
+    unexpected: bool = False
+    #: same-rank and cross-rank duplicates among universe IDs (ExactlyOnce)
+    universe_duplicates: bool = False
+    #: cross-rank duplicates among all IDs (NoCrossRankOverlap)
+    cross_rank: bool = False
+    missing: bool = False
+    #: declared paddings (ExpectedPadding), one padding_count check each
+    paddings: tuple[int, ...] = ()
+    epoch_order: bool = False
+
+
+@dataclasses.dataclass
+class Findings:
+    """The audit's violations as columns, in observation order (see the module docstring)."""
+
+    kind: IdArray
+    window: IdArray
+    #: observation index (-1 for missing_id, padding_count, repeated_epoch_order)
+    observation: IdArray
+    #: sample code (-1 where no sample applies)
+    code: IdArray
+    #: same/cross-rank duplicate: the observation seen first; repeated_epoch_order: the earlier window
+    reference: IdArray
+    #: repeated_epoch_order: the rank; padding_count: the declared padding
+    detail: IdArray
+    #: padding_count: the extra observations; repeated_epoch_order: the length of the stream
+    count: IdArray
+    #: diagnoses that concern a whole window (e.g. every rank saw the same stream)
+    notes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def counts(self) -> dict[str, int]:
+        found = np.bincount(self.kind, minlength=len(KINDS))
+        return {KINDS[k]: int(found[k]) for k in range(len(KINDS)) if found[k]}
+
+
+class _Table:
+    """Collects findings column-wise, with the sort keys of observation order."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[IdArray]] = {name: [] for name in (
+            "kind", "window", "phase", "order", "observation", "code", "reference", "detail", "count")}
+
+    def add(self, kind: int, window: int, phase: int, order: IdArray, *, observation: IdArray | None = None,
+            code: IdArray | None = None, reference: IdArray | None = None, detail: IdArray | None = None,
+            count: IdArray | None = None) -> None:
+        n = len(order)
+        if n == 0:
+            return
+        none = np.full(n, -1, dtype=np.int64)
+        values = {"kind": np.full(n, kind, dtype=np.int64), "window": np.full(n, window, dtype=np.int64),
+                  "phase": np.full(n, phase, dtype=np.int64), "order": order, "observation": observation,
+                  "code": code, "reference": reference, "detail": detail, "count": count}
+        for name, column in values.items():
+            self.columns[name].append(none if column is None else np.asarray(column, dtype=np.int64))
+
+    def findings(self, notes: list[str]) -> Findings:
+        cols = {name: np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+                for name, parts in self.columns.items()}
+        order = np.lexsort((cols["kind"], cols["order"], cols["phase"], cols["window"]))
+        return Findings(**{name: cols[name][order] for name in (
+            "kind", "window", "observation", "code", "reference", "detail", "count")}, notes=notes)
+
+
+@dataclasses.dataclass
+class Codes:
+    """Observed IDs as int64 codes: below `universe_size` a universe position, from it up an outside ID."""
+
+    codes: IdArray
+    universe_size: int
+    #: the sorted distinct IDs outside the universe (all IDs without one); None when coded by offset
+    outside: IdArray | None
+    #: without a universe and with dense int IDs: code = ID - offset, for IDs spanning `span` values
+    offset: int = 0
+    span: int = 0
+
+    @property
+    def size(self) -> int:
+        """How many codes there can be (the length of a per-code count)."""
+        return self.span if self.outside is None else self.universe_size + len(self.outside)
+
+    def decode(self, codes: IdArray, universe: Universe | None) -> list[Any]:
+        """The IDs of these codes, as Python ints or strings."""
+        out = np.empty(len(codes), dtype=object)
+        inside = codes < self.universe_size
+        if universe is not None and inside.any():
+            out[inside] = universe.decode(codes[inside]).tolist()
+        rest = ~inside
+        if rest.any():
+            if self.outside is None:
+                out[rest] = (codes[rest] + self.offset).tolist()
+            else:
+                out[rest] = self.outside[codes[rest] - self.universe_size].tolist()
+        decoded: list[Any] = out.tolist()
+        return decoded
+
+
+def encode(observations: Observations, universe: Universe | None) -> Codes:
+    """Code the observed IDs; `observations.ids` is consumed (int IDs are overwritten in place)."""
+    ids = observations.ids
+    if universe is not None and universe.size and len(ids):
+        if universe.kind != observations.kind:
+            raise TypeError(f"the universe holds {universe.kind} IDs but the observed IDs are "
+                            f"{observations.kind}s; declare the universe with the same kind of ID")
+        codes, outside, outside_values = universe.encode(ids)
+        if len(outside):
+            distinct, inverse = np.unique(outside_values, return_inverse=True)
+            codes[outside] = universe.size + inverse
+            return Codes(codes, universe.size, distinct)
+        return Codes(codes, universe.size, ids[:0])
+    size = universe.size if universe is not None else 0
+    if observations.kind == "int" and len(ids):
+        low, high = int(ids.min()), int(ids.max())
+        if high - low + 1 <= DENSE_SPAN_FACTOR * len(ids) + _SPAN_SLACK:
+            if low:
+                ids -= low
+            return Codes(ids, 0, None, offset=low, span=high - low + 1)
+    distinct, inverse = np.unique(ids, return_inverse=True)
+    return Codes(inverse.astype(np.int64, copy=False), size, distinct)
+
+
+def audit(observations: Observations, plan: Plan) -> tuple[Findings, Codes]:
+    """Judge the plan over every window; see the module docstring for the order of the findings."""
+    coded = encode(observations, plan.universe)
+    table = _Table()
+    notes: list[str] = []
+    for window in range(len(observations.epochs)):
+        _audit_window(observations, coded, plan, window, table, notes)
+    if plan.epoch_order:
+        _audit_epoch_order(observations, coded.codes, table)
+    return table.findings(notes), coded
+
+
+def _order_key(observations: Observations, index: IdArray) -> IdArray:
+    """(position, rank) within a window as one sortable int."""
+    segment, position, _, _ = observations.locate(index)
+    rank_index = np.searchsorted(observations.ranks, observations.segment_rank[segment])
+    key: IdArray = position * len(observations.ranks) + rank_index
+    return key
+
+
+def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: int, table: _Table,
+                  notes: list[str]) -> None:
+    _, _, start, end = observations.window_bounds(window)
+    codes = coded.codes[start:end]
+    universe_size = coded.universe_size
+    if plan.unexpected and len(codes):
+        outside = np.flatnonzero(codes >= universe_size) + start
+        table.add(UNEXPECTED, window, 0, _order_key(observations, outside), observation=outside,
+                  code=coded.codes[outside])
+    counts = np.bincount(codes, minlength=coded.size)
+    repeated = np.zeros(0, dtype=bool)
+    if (plan.universe_duplicates or plan.cross_rank) and len(codes) and int(counts.max()) > 1:
+        repeated = counts > 1
+        if not plan.cross_rank:
+            repeated[universe_size:] = False
+        _duplicates(observations, coded, plan, window, start, np.flatnonzero(repeated[codes]) + start, table,
+                    notes)
+    inside = counts[:universe_size]
+    if plan.missing:
+        missing = np.flatnonzero(inside == 0)
+        table.add(MISSING, window, 1, missing, code=missing)
+    if plan.paddings:
+        extra = int(inside.sum()) - int(np.count_nonzero(inside))
+        for declared in plan.paddings:
+            if extra != declared:
+                table.add(PADDING, window, 2, np.array([declared]), detail=np.array([declared]),
+                          count=np.array([extra]))
+
+
+def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:
+    """For rows sorted by `sorted_keys`: whether each row starts its group, and the row that does."""
+    n = len(sorted_keys[0])
+    starts = np.zeros(n, dtype=bool)
+    if n:
+        starts[0] = True
+        for key in sorted_keys:
+            starts[1:] |= key[1:] != key[:-1]
+    first: IdArray = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    return starts, first
+
+
+def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, start: int, index: IdArray,
+                table: _Table, notes: list[str]) -> None:
+    """Classify the observations of repeated IDs: the first sighting is fine, each later one is a duplicate,
+    same-rank when its rank saw the ID before, cross-rank otherwise."""
+    code = coded.codes[index]
+    segment = np.searchsorted(observations.segment_starts, index, side="right") - 1
+    rank = observations.segment_rank[segment]
+    key = _order_key(observations, index)
+    by_code = np.lexsort((key, code))
+    is_first, first_row = _group_first([code[by_code]])
+    first_seen = np.empty_like(index)
+    first_seen[by_code] = index[by_code][first_row]
+    repeat = np.empty(len(index), dtype=bool)
+    repeat[by_code] = ~is_first
+    by_rank = np.lexsort((key, rank, code))
+    is_rank_first, rank_first_row = _group_first([code[by_rank], rank[by_rank]])
+    rank_first_seen = np.empty_like(index)
+    rank_first_seen[by_rank] = index[by_rank][rank_first_row]
+    new_to_rank = np.empty(len(index), dtype=bool)
+    new_to_rank[by_rank] = is_rank_first
+    in_universe = code < coded.universe_size
+    if plan.universe_duplicates:
+        same = repeat & ~new_to_rank & in_universe
+        table.add(SAME_RANK, window, 0, key[same], observation=index[same], code=code[same],
+                  reference=rank_first_seen[same])
+    cross = repeat & new_to_rank
+    if not plan.cross_rank:
+        cross &= in_universe
+    table.add(CROSS_RANK, window, 0, key[cross], observation=index[cross], code=code[cross],
+              reference=first_seen[cross])
+    if cross.any():
+        identical = _identical_streams(observations, coded.codes, window)
+        if identical:
+            notes.append(
+                f"epoch {observations.epochs[window]}: ranks {', '.join(map(str, identical))} saw the same "
+                "samples in the same order: were their samplers built with the same rank (for example "
+                "DistributedSampler(rank=0), or num_replicas/rank left to a process group that was not set up)?"
+            )
+
+
+def _identical_streams(observations: Observations, codes: IdArray, window: int) -> list[int]:
+    """The ranks of a window, if there are several and all saw one identical non-empty stream."""
+    first, end, _, _ = observations.window_bounds(window)
+    starts = observations.segment_starts
+    streams = [codes[starts[s]:starts[s + 1]] for s in range(first, end)]
+    if len(streams) < 2 or not len(streams[0]) or not all(np.array_equal(streams[0], s) for s in streams[1:]):
+        return []
+    return [int(r) for r in observations.segment_rank[first:end]]
+
+
+def _audit_epoch_order(observations: Observations, codes: IdArray, table: _Table) -> None:
+    """A rank whose stream (2 IDs or more) equals its stream in an earlier window: one finding per window."""
+    starts = observations.segment_starts
+    earlier: dict[tuple[int, int, bytes], int] = {}
+    for segment in range(len(observations.segment_window)):
+        stream = codes[starts[segment]:starts[segment + 1]]
+        if len(stream) < 2:
+            continue
+        rank, window = int(observations.segment_rank[segment]), int(observations.segment_window[segment])
+        digest = hashlib.blake2b(stream.tobytes(), digest_size=16).digest()
+        seen = earlier.setdefault((rank, len(stream), digest), segment)
+        if seen != segment and np.array_equal(codes[starts[seen]:starts[seen + 1]], stream):
+            table.add(REPEATED, window, 3, np.array([observations.ranks.index(rank)]),
+                      reference=np.array([observations.segment_window[seen]]), detail=np.array([rank]),
+                      count=np.array([len(stream)]))

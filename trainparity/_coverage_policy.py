@@ -1,0 +1,270 @@
+"""Coverage policies: what each observation window must satisfy, and the universe of IDs they declare.
+
+A policy only states the rule; `Universe` turns its declared universe into arrays once per
+check, and the audit (`_coverage_audit.py`) judges every policy in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from trainparity._trace import sample_id_array
+
+IdArray = np.ndarray[Any, Any]
+UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
+#: a universe array whose values span at most this many slots per ID is encoded with a lookup table
+DENSE_SPAN_FACTOR = 4
+
+
+class CoveragePolicy:
+    """Base of the coverage policies; use the concrete ones (`tp.ExactlyOnce`, ...)."""
+
+    #: whether this policy needs the universe of IDs (it ABSTAINs when that is None)
+    needs_universe: ClassVar[bool] = False
+    universe: UniverseLike = None
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+
+class _UniversePolicy(CoveragePolicy):
+    needs_universe = True
+
+    def __init__(self, universe: UniverseLike) -> None:
+        self.universe = _validated_universe(universe, type(self).__name__)
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}({describe_universe(self.universe)})"
+
+
+class ExactlyOnce(_UniversePolicy):
+    """Every ID of `universe` is observed exactly once per window, across all ranks.
+
+    Violations: `same_rank_duplicate`, `cross_rank_duplicate`, `unexpected_id`, `missing_id`.
+    `universe=None` (unknown) makes the check ABSTAIN.
+    """
+
+
+class AtLeastOnce(_UniversePolicy):
+    """Every ID of `universe` is observed at least once per window; repeats are allowed.
+
+    Violations: `unexpected_id`, `missing_id`. `universe=None` (unknown) makes the check ABSTAIN.
+    """
+
+
+class ExpectedPadding(_UniversePolicy):
+    """Every ID of `universe` at least once per window, plus exactly `padding` extra observations.
+
+    The extra observations are those beyond one per ID of the universe: what
+    `DistributedSampler(drop_last=False)` adds to make the window divisible by the world size.
+    Violations: `unexpected_id`, `missing_id`, `padding_count`.
+    """
+
+    def __init__(self, universe: UniverseLike, *, padding: int) -> None:
+        super().__init__(universe)
+        if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
+            raise ValueError(f"ExpectedPadding(padding=...) must be an int >= 0, got {padding!r}")
+        self.padding = int(padding)
+
+    def describe(self) -> str:
+        return f"ExpectedPadding({describe_universe(self.universe)}, padding={self.padding})"
+
+
+class NoCrossRankOverlap(CoveragePolicy):
+    """No ID observed by one rank is observed by another rank in the same window.
+
+    Repeats within one rank are allowed. Violation: `cross_rank_duplicate`.
+    """
+
+
+class DistinctEpochOrder(CoveragePolicy):
+    """No rank observes the same sequence of IDs in two windows (epochs): the missing `set_epoch` bug.
+
+    Streams of fewer than 2 IDs are not judged (they have only one order). Needs at least two
+    windows, otherwise the check ABSTAINs. Violation: `repeated_epoch_order`.
+    """
+
+
+def _validated_universe(universe: object, policy: str) -> UniverseLike:
+    if universe is None or isinstance(universe, (range, np.ndarray, torch.Tensor)):
+        return universe
+    if isinstance(universe, bool) or isinstance(universe, (int, np.integer)):
+        raise TypeError(f"{policy}(universe) takes a collection of IDs, got the int {universe!r}: "
+                        f"pass range({universe}) for the IDs 0..{int(universe) - 1}")
+    if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
+        raise TypeError(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or None, "
+                        f"got {type(universe).__name__}")
+    if iter(universe) is universe:  # a one-shot iterator: keep its IDs so the policy can be reused
+        return list(universe)
+    return universe
+
+
+def describe_universe(universe: UniverseLike) -> str:
+    if universe is None or isinstance(universe, range):
+        return repr(universe)
+    size = universe.numel() if isinstance(universe, torch.Tensor) else len(universe)  # type: ignore[arg-type]
+    return f"<{size} IDs>"
+
+
+def resolve_policies(policy: object) -> list[CoveragePolicy]:
+    """Validate `policy=`: one policy or a non-empty list of them."""
+    items = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+    policies: list[CoveragePolicy] = []
+    if not items:
+        raise ValueError("policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
+    for item in items:
+        if isinstance(item, type) and issubclass(item, CoveragePolicy):
+            raise TypeError(f"policy= got the class {item.__name__}; pass an instance, e.g. tp.{item.__name__}"
+                            f"({'' if not item.needs_universe else 'range(n)'})")
+        if not isinstance(item, CoveragePolicy):
+            raise TypeError(
+                "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), "
+                f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of them, "
+                f"got {type(item).__name__}"
+            )
+        policies.append(item)
+    return policies
+
+
+@dataclasses.dataclass
+class Universe:
+    """A declared universe as arrays: encodes observed IDs as their position in the universe.
+
+    The position is the ID's index in the declared order (sets are taken in sorted order),
+    so that missing IDs are reported in universe order.
+    """
+
+    kind: str  # "int" or "str"
+    size: int
+    description: str
+    #: the universe as an arithmetic progression (the fast path), else None
+    progression: range | None = None
+    #: the declared IDs in universe order, when not a progression
+    values: IdArray | None = None
+    #: a dense lookup table from `id - lookup_base` to position (-1: not in the universe)
+    lookup: IdArray | None = None
+    lookup_base: int = 0
+    #: the sorted IDs and their positions, for sparse int and for string universes
+    sorted_values: IdArray | None = None
+    sorted_positions: IdArray | None = None
+
+    @classmethod
+    def build(cls, universe: UniverseLike) -> Universe:
+        description = describe_universe(universe)
+        if isinstance(universe, range):
+            return cls("int", len(universe), description, progression=universe)
+        if isinstance(universe, (set, frozenset)):
+            universe = sorted(universe)
+        values = sample_id_array(universe, "the universe")
+        size = len(values)
+        if values.dtype.kind == "U":
+            return cls._sorted("str", values, description)
+        if size == 0:
+            return cls("int", 0, description, progression=range(0))
+        step = int(values[1] - values[0]) if size > 1 else 1
+        if step != 0 and (size == 1 or bool(np.all(np.diff(values) == step))):
+            start = int(values[0])
+            return cls("int", size, description, progression=range(start, start + step * size, step))
+        low, high = int(values.min()), int(values.max())
+        if high - low + 1 <= DENSE_SPAN_FACTOR * size:
+            lookup = np.full(high - low + 1, -1, dtype=np.int64)
+            lookup[values - low] = np.arange(size)
+            if int(np.count_nonzero(lookup >= 0)) != size:
+                _raise_duplicate(values)
+            return cls("int", size, description, values=values, lookup=lookup, lookup_base=low)
+        return cls._sorted("int", values, description)
+
+    @classmethod
+    def _sorted(cls, kind: str, values: IdArray, description: str) -> Universe:
+        positions = np.argsort(values, kind="stable")
+        ordered = values[positions]
+        if len(ordered) > 1 and bool(np.any(ordered[1:] == ordered[:-1])):
+            _raise_duplicate(values)
+        return cls(kind, len(values), description, values=values, sorted_values=ordered, sorted_positions=positions)
+
+    def encode(self, ids: IdArray) -> tuple[IdArray, IdArray, IdArray]:
+        """Each ID's position in the universe (int64, -1 outside it), where the outside IDs are, and their values.
+
+        Int `ids` of a progression or a dense universe are overwritten with the positions: the
+        audit owns that array, and the positions of ten million IDs need no second buffer.
+        """
+        if self.progression is not None or self.lookup is not None:
+            inside = self._inside(ids)
+            all_inside = bool(inside.all())
+            outside = np.flatnonzero(~inside) if not all_inside else np.empty(0, dtype=np.int64)
+            outside_values = ids[outside]
+            if self.progression is not None:
+                if self.progression.start:
+                    ids -= self.progression.start
+                if self.progression.step != 1:
+                    ids //= self.progression.step
+            else:
+                assert self.lookup is not None
+                ids -= self.lookup_base
+                np.take(self.lookup, ids, out=ids, mode="clip")
+            if not all_inside:
+                ids[outside] = -1
+            return ids, outside, outside_values
+        assert self.sorted_values is not None and self.sorted_positions is not None
+        if self.size == 0:
+            return np.full(len(ids), -1, dtype=np.int64), np.arange(len(ids)), ids
+        slot = np.minimum(np.searchsorted(self.sorted_values, ids), self.size - 1)
+        found = self.sorted_values[slot] == ids
+        outside = np.flatnonzero(~found)
+        return np.where(found, self.sorted_positions[slot], -1), outside, ids[outside]
+
+    def _inside(self, ids: IdArray) -> IdArray:
+        if self.progression is not None:
+            if self.size == 0:
+                return np.zeros(len(ids), dtype=bool)
+            first, last = self.progression[0], self.progression[-1]
+            inside: IdArray = (ids >= min(first, last)) & (ids <= max(first, last))
+            if self.progression.step not in (1, -1):
+                inside &= (ids - first) % self.progression.step == 0
+            return inside
+        assert self.lookup is not None
+        inside = (ids >= self.lookup_base) & (ids < self.lookup_base + len(self.lookup))
+        inside[inside] = self.lookup[ids[inside] - self.lookup_base] >= 0
+        return inside
+
+    def decode(self, positions: IdArray) -> IdArray:
+        """The IDs at these universe positions."""
+        if self.progression is not None:
+            return self.progression.start + positions.astype(np.int64) * self.progression.step
+        assert self.values is not None
+        return self.values[positions]
+
+    def same_as(self, other: Universe) -> bool:
+        if self.kind != other.kind or self.size != other.size:
+            return False
+        if self.progression is not None and other.progression is not None:
+            return self.progression == other.progression
+        return bool(np.array_equal(self.decode(np.arange(self.size)), other.decode(np.arange(other.size))))
+
+
+def _raise_duplicate(values: IdArray) -> None:
+    unique, counts = np.unique(values, return_counts=True)
+    raise ValueError(f"the universe lists ID {unique[counts > 1][0].item()!r} more than once; "
+                     "a universe is a set of distinct IDs")
+
+
+def shared_universe(policies: Sequence[CoveragePolicy]) -> Universe | None:
+    """The one declared universe of these policies (None if none declares one)."""
+    found: Universe | None = None
+    for policy in policies:
+        if not policy.needs_universe or policy.universe is None:
+            continue
+        universe = Universe.build(policy.universe)
+        if found is not None and not found.same_as(universe):
+            raise ValueError(f"the policies declare different universes ({found.description} and "
+                             f"{universe.description}); run one check per universe")
+        found = found or universe
+    return found
