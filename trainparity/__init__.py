@@ -15,6 +15,7 @@ from trainparity._coverage_policy import (
     NoCrossRankOverlap,
 )
 from trainparity._coverage_record import CoverageRecorder, WorkerBatch, tag_workers
+from trainparity._data_parallel import check_data_parallel
 from trainparity._recipe import LossAccounting, Recipe
 from trainparity._result import (
     AccumulationResult,
@@ -59,6 +60,7 @@ __all__ = [
     "__version__",
     "check_accumulation",
     "check_coverage",
+    "check_data_parallel",
     "check_resume",
     "load_state",
     "save_state",

@@ -15,6 +15,7 @@ import expecttest
 
 from trainparity._accumulation import check_accumulation
 from trainparity._coverage import check_coverage
+from trainparity._data_parallel import check_data_parallel
 from trainparity._result import ChildError, Outcome, Result
 from trainparity._resume import check_resume
 
@@ -123,6 +124,13 @@ class TrainParityMixin:
         """`tp.check_accumulation(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
         return self.assertTrainParity(check_accumulation(recipe, **kwargs), msg=msg, abstain=abstain)
+
+    def assertDataParallelEquivalent(
+        self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
+    ) -> Result:
+        """`tp.check_data_parallel(recipe, **kwargs)` as an assertion."""
+        __tracebackhide__ = True
+        return self.assertTrainParity(check_data_parallel(recipe, **kwargs), msg=msg, abstain=abstain)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

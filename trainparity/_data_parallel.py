@@ -1,0 +1,459 @@
+"""`check_data_parallel`: real torch.distributed ranks against the same recipe in a world of size 1.
+
+The process engine starts `world_size` ranks and the reference concurrently. Each child
+initializes the default process group (a file store in a temporary directory) before the
+recipe's `setup()`, so the recipe reads `dist.get_rank()`/`dist.get_world_size()`, shards
+its data and wraps its model in DDP exactly as in production; the reference runs the same
+code path in a world of size 1. Each child records, per step, the batch's sample IDs, the
+gradients at its optimizer step (a step pre-hook, removed afterwards) and the parameters
+after the step.
+
+Judgement per step, in observation order: the ranks' sample IDs against the reference's
+full batch (`data.sample_ids`), the gradients across ranks and then against the reference
+(`gradients.<param>`), the parameters across ranks (`replicas.<param>`) and then against the
+reference (`parameters.<param>`). Ranks are compared with rank 0, the reference with rank 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainparity import _engine
+from trainparity._compare import (
+    Comparison,
+    ExactComparison,
+    Leaf,
+    Mismatch,
+    Snapshot,
+    ToleranceComparison,
+    compare_leaves,
+    compare_snapshots,
+    resolve_comparison,
+)
+from trainparity._coverage import check_coverage
+from trainparity._coverage_policy import ExactlyOnce
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_timeout
+from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
+from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
+from trainparity._snapshot import to_leaf
+from trainparity._state import State, parameter_names, seed_everything
+from trainparity._trace import SampleIds, normalize_sample_ids, require_state
+
+TASK = "trainparity._data_parallel:run_rank"
+REFERENCE = "reference"
+#: a rank whose error follows another's (its collective broke because the peer went away) waits this long
+#: before reporting, so that the engine sees the first failure first and kills the rest
+FOLLOWER_GRACE = 5.0
+#: the first failure waits this long before reporting, for the exit of a peer that died without raising
+FIRST_FAILURE_GRACE = 0.5
+#: a diagnosis names a likely cause, never the verdict: "world_size times the reference" allows for the
+#: rounding of a different reduction order whatever comparison was declared
+RATIO_TOLERANCE = ToleranceComparison(rtol=1e-4, atol=1e-7)
+#: torch.testing.assert_close's defaults, used only to say that an exact FAIL is rounding-level
+ROUNDING = {
+    torch.float16: ToleranceComparison(rtol=1e-3, atol=1e-5),
+    torch.bfloat16: ToleranceComparison(rtol=1.6e-2, atol=1e-5),
+    torch.float32: ToleranceComparison(rtol=1.3e-6, atol=1e-5),
+    torch.float64: ToleranceComparison(rtol=1e-7, atol=1e-7),
+}
+#: the frame of `run_rank` in a faulthandler dump: what lies below it is the engine's
+_TASK_FRAME = re.compile(r'_data_parallel\.py", line \d+ in run_rank$')
+SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
+WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+#: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
+#: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
+#: ~ProcessGroupGloo joins a worker thread that waits for the GIL)
+_KEPT: list[Any] = []
+
+
+# -- the child: one rank (or the reference) ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPayload:
+    """One process of the check: a rank of the world under test, or the reference (world size 1)."""
+
+    recipe: RecipeRef
+    seed: int
+    steps: int
+    backend: str
+    rank: int
+    world_size: int
+    #: "rank 0", ..., or "reference": names this process's files in `scratch`
+    tag: str
+    #: the check's scratch directory (owned by the parent): file stores, stack dumps, first-failure marker
+    scratch: str
+    #: time.monotonic() (system-wide on Linux) at which to dump the stacks in case the run hangs
+    dump_stacks_at: float
+
+
+def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
+    """Child task: join the process group, run the recipe, record each step."""
+    scratch = pathlib.Path(payload.scratch)
+    with open(scratch / f"stacks.{payload.tag}", "w") as stacks:
+        # The engine's kill on timeout cannot be caught: dump every thread's stack just before it.
+        faulthandler.dump_traceback_later(max(payload.dump_stacks_at - time.monotonic(), 0.01), file=stacks)
+        try:
+            return _run_rank(payload)
+        except BaseException:
+            _defer_if_follower(scratch)
+            raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _defer_if_follower(scratch: pathlib.Path) -> None:
+    """Let the process whose failure broke the others be the one reported.
+
+    Later failures (usually a collective that broke because that process exited) wait to be
+    killed. The first one waits briefly too: a peer that died without raising, and so never
+    claimed to be first, is then seen exiting before this error is.
+    """
+    try:
+        os.close(os.open(scratch / "first-failure", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        time.sleep(FOLLOWER_GRACE)
+    else:
+        time.sleep(FIRST_FAILURE_GRACE)
+
+
+def _run_rank(payload: RankPayload) -> dict[str, Any]:
+    if payload.backend == "nccl":
+        torch.cuda.set_device(payload.rank % torch.cuda.device_count())
+    store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
+    dist.init_process_group(
+        payload.backend, init_method=store.as_uri(), rank=payload.rank, world_size=payload.world_size
+    )
+    recipe = payload.recipe.build()
+    seed_everything(payload.seed)
+    state = require_state(recipe.setup(), recipe, "setup")
+    optimizers = [state[name] for name in state if isinstance(state[name], torch.optim.Optimizer)]
+    steps = list(record_steps(recipe, state, optimizers, payload.steps))
+    # On success only: after an error the process exits at once, which tells the peers just as well.
+    dist.barrier()
+    _KEPT.extend((recipe, state, dist.group.WORLD))
+    dist.destroy_process_group()
+    return {"steps": steps, "optimizers": len(optimizers)}
+
+
+def unwrapped_parameters(state: State) -> dict[str, nn.Parameter]:
+    """The State's parameters by name as in the unwrapped model (`fc.weight`, not `module.fc.weight`)."""
+    unwrapped = State(**{name: _unwrap(state[name]) for name in state})
+    names = parameter_names(unwrapped)
+    return {
+        names[id(p)]: p
+        for name in unwrapped
+        if isinstance(unwrapped[name], nn.Module)
+        for p in unwrapped[name].parameters()
+        if id(p) in names
+    }
+
+
+def _unwrap(value: Any) -> Any:
+    return value.module if isinstance(value, WRAPPERS) else value
+
+
+def record_steps(
+    recipe: Recipe, state: State, optimizers: Sequence[torch.optim.Optimizer], steps: int
+) -> Iterator[dict[str, Any]]:
+    """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after."""
+    parameters = unwrapped_parameters(state)
+    names = {id(p): name for name, p in parameters.items()}
+    gradients: Snapshot = {}
+
+    def observe(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        position = 0
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                gradients[names.get(id(p), f"param{position}")] = to_leaf(p.grad)
+                position += 1
+
+    handles = [optimizer.register_step_pre_hook(observe) for optimizer in optimizers]
+    name = type(recipe).__name__
+    try:
+        batches = iter(recipe.batches(state))
+        for step in range(1, steps + 1):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise RuntimeError(f"{name}.batches() ran out of batches at step {step}") from None
+            ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
+            gradients.clear()
+            recipe.step(state, batch)
+            yield {
+                "step": step,
+                "sample_ids": ids,
+                "gradients": dict(gradients),
+                "parameters": {n: to_leaf(p) for n, p in parameters.items()},
+            }
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+# -- the parent: run and judge ------------------------------------------------------------------------
+
+
+def _validate(world_size: object, backend: object, steps: object, seed: object) -> tuple[int, str, int, int]:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        raise ValueError(f"world_size= must be an int >= 2 (the reference is the world of size 1), got {world_size!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps= must be an int >= 1, got {steps!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    if not isinstance(backend, str):
+        raise TypeError(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
+    if not dist.is_available():
+        raise ValueError("this torch build has no torch.distributed; install a build with distributed support")
+    if not dist.is_backend_available(backend):
+        raise ValueError(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: world_size={world_size}, {torch.cuda.device_count()} visible; "
+            "lower world_size or use backend='gloo'"
+        )
+    return world_size, backend, steps, seed
+
+
+def check_data_parallel(
+    recipe: object,
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    steps: int = 3,
+    comparison: object = None,
+    seed: int = 0,
+    timeout: float = 120.0,
+) -> DataParallelResult:
+    """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
+
+    Per step: the ranks' sample IDs together make the reference's batch, every rank holds the
+    reference's gradients at its optimizer step, and every rank's parameters after the step
+    equal each other's and the reference's. Never raises for a FAIL. `timeout` bounds the whole
+    check: a rank that hangs (a collective that never completes) gets every process killed.
+    """
+    ref = resolve_recipe(recipe)
+    world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
+    declared = resolve_comparison(comparison)
+    timeout = validate_timeout(timeout)
+    config: dict[str, Any] = {
+        "recipe": ref.name,
+        "world_size": world_size,
+        "backend": backend,
+        "steps": steps,
+        "seed": seed,
+        "comparison": declared.describe(),
+    }
+    _engine.warm_up()  # so that the deadline below counts from the launch, not from the server's start
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-dp-"))
+    try:
+        dump_at = time.monotonic() + timeout - min(1.0, timeout / 10)
+
+        def job(rank: int, size: int, tag: str) -> Job:
+            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), dump_at)
+            return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank)
+
+        jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
+        outcomes = run_jobs(jobs, isolation="process", concurrency=len(jobs), fail_fast=True)
+        error = _first_error(outcomes, scratch, timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if error is not None:
+        return DataParallelResult(Outcome.ERROR, config=config, reason=error.headline().splitlines()[0], error=error)
+    traces = [o.output for o in outcomes]
+    assert all(trace is not None for trace in traces)
+    *ranks, reference = (trace for trace in traces if trace is not None)
+    return judge_data_parallel(reference, ranks, declared, config)
+
+
+def _first_error(outcomes: Sequence[JobOutcome], scratch: pathlib.Path, timeout: float) -> ChildError | None:
+    """The failure that ended the check; on a timeout, with the stacks of every process."""
+    failed = first_error(outcomes)
+    if failed is None or failed.error is None:
+        return None
+    error = failed.error
+    if error.kind != "timeout":
+        return error
+    stacks = [f"{o.phase}:\n{text}" for o in outcomes if (text := _stacks(scratch / f"stacks.{o.phase}"))]
+    return dataclasses.replace(
+        error,
+        message=f"did not finish within timeout={timeout:g} s (a process that hangs, e.g. in a collective that "
+        "never completes, blocks the others); every process of the check was killed",
+        traceback="Stacks of every process shortly before the timeout (most recent call first):\n"
+        + "\n".join(stacks),
+    )
+
+
+def _stacks(path: pathlib.Path) -> str:
+    """faulthandler's dump, one thread after another, without the harness's frames below the task."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return ""
+    threads = []
+    for block in text.split("\n\n"):
+        frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
+        below = next((i for i, line in enumerate(frames) if _TASK_FRAME.search(line)), len(frames))
+        if frames[:below]:
+            threads.append("\n".join("  " + frame for frame in frames[:below]))
+    return "\n  (another thread)\n".join(threads)
+
+
+# -- judgement ----------------------------------------------------------------------------------------
+
+
+def judge_data_parallel(
+    reference: dict[str, Any], ranks: Sequence[dict[str, Any]], comparison: Comparison, config: dict[str, Any]
+) -> DataParallelResult:
+    world_size = len(ranks)
+    violations: list[Violation] = []
+    rounding: list[bool] = []
+
+    def add(found: Violation, expected: Leaf = None, actual: Leaf = None) -> None:
+        violations.append(found)
+        rounding.append(_within_rounding(expected, actual, comparison))
+
+    notes: list[str] = []
+    data_checked = True
+    for index, expected in enumerate(reference["steps"]):
+        step: int = expected["step"]
+        observed = [rank["steps"][index] for rank in ranks]
+        if expected["sample_ids"] is None or any(o["sample_ids"] is None for o in observed):
+            data_checked = False
+        elif len(set(expected["sample_ids"])) < len(expected["sample_ids"]):
+            notes.append(f"data.sample_ids not judged at step {step}: the reference's batch repeats a sample, so "
+                         "which rank should read each repeat is unknown.")
+        else:
+            for violation in shard_violations(step, expected["sample_ids"], [o["sample_ids"] for o in observed]):
+                add(violation)
+        first = observed[0]
+        unsynchronized = False
+        for rank, other in enumerate(observed[1:], start=1):
+            for m in compare_snapshots(first["gradients"], other["gradients"], comparison):
+                unsynchronized = True
+                add(_violation("gradient_mismatch", "gradients", m, step, rank, "grads_not_synchronized",
+                               f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not "
+                               "all-reduced (a model used without its DDP wrapper, or no_sync() at the step?)."),
+                    first["gradients"].get(m.path), other["gradients"].get(m.path))
+        step_cause = "grads_not_synchronized" if unsynchronized else None
+        for m in compare_snapshots(expected["gradients"], first["gradients"], comparison):
+            e, a = expected["gradients"].get(m.path), first["gradients"].get(m.path)
+            cause, preface = step_cause, (
+                "Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a world "
+                "of size 1)."
+            )
+            if cause is None and _scaled(e, a, world_size):
+                cause = step_cause = "loss_not_averaged"
+                preface = (
+                    f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the "
+                    "gradients) was summed across ranks where the full batch takes a mean."
+                )
+            add(_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a)
+        for rank, other in enumerate(observed[1:], start=1):
+            for m in compare_snapshots(first["parameters"], other["parameters"], comparison):
+                add(_violation("replica_mismatch", "replicas", m, step, rank, "grads_not_synchronized",
+                               f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas drifted "
+                               "apart."),
+                    first["parameters"].get(m.path), other["parameters"].get(m.path))
+        for m in compare_snapshots(expected["parameters"], first["parameters"], comparison):
+            add(_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
+                           "Rank 0's parameters after the step differ from the reference's."),
+                expected["parameters"].get(m.path), first["parameters"].get(m.path))
+    if not data_checked:
+        notes.append("data stream not checked: the recipe's sample_ids() returns None.")
+    if reference["optimizers"] == 0:
+        notes.append("gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.")
+    if violations and all(rounding):
+        notes.append(
+            "every difference is within torch.testing's default tolerance for its dtype: ranks reduce the batch "
+            "in another order than one process, which changes rounding. If that is acceptable, declare "
+            "comparison=tp.ToleranceComparison(rtol=..., atol=...)."
+        )
+    return DataParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+def _violation(
+    kind: str, root: str, mismatch: Mismatch, step: int, rank: int, cause: str | None, preface: str
+) -> Violation:
+    return Violation(
+        kind=kind,
+        path=f"{root}.{mismatch.path}",
+        message=f"{preface}\n{mismatch.message}",
+        step=step,
+        expected=mismatch.expected,
+        actual=mismatch.actual,
+        cause=cause,
+        rank=rank,
+    )
+
+
+def _scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
+    """Whether `actual` is `world_size` times a nonzero `expected`."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        return False
+    if not expected.is_floating_point() or expected.shape != actual.shape or not bool(expected.any()):
+        return False
+    return compare_leaves(expected * world_size, actual, RATIO_TOLERANCE) is None
+
+
+def _within_rounding(expected: Leaf, actual: Leaf, comparison: Comparison) -> bool:
+    if not isinstance(comparison, ExactComparison) or not isinstance(expected, torch.Tensor):
+        return False
+    tolerance = ROUNDING.get(expected.dtype)
+    return tolerance is not None and isinstance(actual, torch.Tensor) and (
+        compare_leaves(expected, actual, tolerance) is None
+    )
+
+
+def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds]) -> list[Violation]:
+    """Whether the ranks' sample IDs of one step are together the reference's batch, each read once.
+
+    The coverage audit judges `ExactlyOnce(the reference's batch)` over the ranks' IDs (one
+    finding per offending sample, in observation order, then the samples no rank read); its
+    findings are told here in data-parallel terms.
+    """
+    audit = check_coverage({rank: [ids] for rank, ids in enumerate(ranks)}, policy=ExactlyOnce(expected))
+    readers: dict[int | str, list[int]] = {}
+    for rank, ids in enumerate(ranks):
+        for read in ids:
+            readers.setdefault(read, []).append(rank)
+    found = []
+    for finding in audit.violations:
+        kind, sample, reader = finding.kind, finding.sample_id, finding.rank
+        assert sample is not None  # every finding of ExactlyOnce names its sample
+        by = ", ".join(str(r) for r in sorted(set(readers.get(sample, []))))
+        message = {
+            "cross_rank_duplicate": f"Sample {sample!r} was read by ranks {by}: their shards overlap.",
+            "same_rank_duplicate": f"Sample {sample!r} was read more than once by rank {reader}.",
+            "missing_id": f"Sample {sample!r} of the reference's batch was read by no rank: a shard is missing.",
+            "unexpected_id": f"Sample {sample!r} was read by rank {by}, but it is not in the reference's batch.",
+        }[kind]
+        found.append(
+            Violation(
+                kind=kind,
+                path="data.sample_ids",
+                message="The ranks' samples together are not the reference's batch (each of its samples read "
+                f"once by one rank).\n{message}",
+                step=step,
+                expected=list(expected),
+                actual=[list(ids) for ids in ranks],
+                cause=SHARD_CAUSES.get(kind),
+                sample_id=sample,
+                rank=reader,
+                position=finding.position,
+            )
+        )
+    return found
