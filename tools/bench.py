@@ -64,6 +64,83 @@ def bench_resume(args: argparse.Namespace) -> None:
 BENCHMARKS["resume"] = bench_resume
 
 
+DATA_PARALLEL_PROBE = """
+import json, statistics, sys, time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import trainparity as tp
+
+
+class DDPRegression(tp.Recipe):
+    def setup(self):
+        data = TensorDataset(torch.arange(64), torch.randn(64, 16), torch.randn(64, 1))
+        sampler = DistributedSampler(data, shuffle=True, seed=0)
+        loader = DataLoader(data, batch_size=8 // dist.get_world_size(), sampler=sampler)
+        model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                                            torch.nn.Linear(32, 1)))
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), loader=loader)
+
+    def sample_ids(self, batch):
+        return batch[0]
+
+    def step(self, state, batch):
+        _, x, y = batch
+        loss = torch.nn.functional.mse_loss(state.model(x), y)
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        return loss
+
+
+def check():
+    start = time.perf_counter()
+    result = tp.check_data_parallel(DDPRegression, world_size=2, steps=3,
+                                    comparison=tp.ToleranceComparison(rtol=1e-4, atol=1e-6))
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":  # the children re-run this file to find the recipe
+    cold = check()
+    warm = [check() for _ in range(int(sys.argv[1]))]
+    print(json.dumps({"cold": cold, "warm": statistics.median(warm)}))
+"""
+
+
+def bench_data_parallel(args: argparse.Namespace) -> None:
+    """A 3-step, world-size-2 data-parallel check of a small DDP MLP on gloo (3 processes: 2 ranks and the
+    reference), against one torch import.
+
+    Cold: the first check in a new interpreter that has imported trainparity and the recipe (it starts the
+    fork server). Warm: the median of the next 7 checks in that interpreter.
+    """
+    import json
+    import os
+    import tempfile
+
+    reference = torch_import_seconds()
+    with tempfile.TemporaryDirectory() as directory:
+        probe = os.path.join(directory, "data_parallel_probe.py")  # a file: the recipe must be importable
+        with open(probe, "w") as file:
+            file.write(DATA_PARALLEL_PROBE)
+        done = subprocess.run([sys.executable, probe, "7"], check=True, capture_output=True, text=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"data-parallel check, world size 2 (gloo, CPU), 3 steps; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} cores")
+    print(f"python -c 'import torch':  {reference:.3f} s (median of 3)")
+    print(f"cold check (first, starts the fork server): {figures['cold']:.3f} s = "
+          f"{figures['cold'] / reference:.2f}x torch import (target < 3x)")
+    print(f"warm check (median of 7):   {figures['warm']:.3f} s = "
+          f"{figures['warm'] / reference:.2f}x torch import (target < 3x)")
+
+
+BENCHMARKS["data-parallel"] = bench_data_parallel
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BENCHMARKS))
