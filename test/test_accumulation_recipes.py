@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainparity as tp
@@ -251,10 +252,16 @@ class SchedulerPerMicrobatch(ClipAtBoundary):
 
 
 class ClipPerMicrobatch(MLP):
+    """Clips after every backward; calls the name imported from torch.nn.utils, as many scripts do."""
+
+    def __init__(self, accumulation_steps: int = 1, max_norm: float = 0.05, record: bool = False) -> None:
+        super().__init__(accumulation_steps, record=record)
+        self.max_norm = max_norm
+
     def step(self, state: tp.State, batch: Any) -> Any:
         loss = self.loss(state, batch) / self.accumulation_steps
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=0.05)  # fault: every micro-batch
+        clip_grad_norm_(state.model.parameters(), max_norm=self.max_norm)  # fault: every micro-batch
         if self.boundary(state):
             self.update(state)
         return loss
@@ -276,6 +283,33 @@ class MeanOfMeansBareLoss(MeanOfMeans):
     def step(self, state: tp.State, batch: Any) -> Any:
         result = super().step(state, batch)
         return result.value
+
+
+class TokensOwnMean(TokenWeighted):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        total, tokens = self.token_losses(state, batch)
+        loss = total / tokens  # fault: its own token mean, never divided by the number of micro-batches
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return tp.LossAccounting(loss.detach(), total.detach(), tokens)
+
+
+class TokenWeightedUnscaledValue(TokenWeighted):
+    """Trains correctly but declares each micro-batch's own token mean as LossAccounting.value."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        total, tokens = self.token_losses(state, batch)
+        (total / batch.window_tokens).backward()
+        if self.boundary(state):
+            self.update(state)
+        return tp.LossAccounting((total / tokens).detach(), total.detach(), tokens)
+
+
+class ZeroGradEveryCall(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        state.optimizer.zero_grad()  # fault: drops the micro-batches accumulated so far
+        return super().step(state, batch)
 
 
 class ClipBeforeUnscale(Scaled):
@@ -347,3 +381,30 @@ class ListBatch(MLP):
 
     def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
         return super().loss(state, (batch["x"], batch["y"]))
+
+
+class MLP32(MLP):
+    """float32, where accumulating micro-batch gradients differs from the full batch in the last bits."""
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        dataset = state.loader.dataset
+        state.loader = DataLoader(TensorDataset(*(t.float() for t in dataset.tensors)), batch_size=self.batch_size)
+        return state
+
+
+class DataDependsOnK(MLP):
+    """Draws other batches when accumulating: the runs do not train on the same data."""
+
+    def batches(self, state: tp.State) -> Any:
+        for x, y in state.loader:
+            yield x * self.accumulation_steps, y
+
+
+def chunk_split(batch: Any, microbatches: Any) -> list[Any]:
+    """A user-supplied split: torch.chunk on (x, y) tuples."""
+    x, y = batch
+    return list(zip(x.chunk(microbatches), y.chunk(microbatches), strict=True))

@@ -64,6 +64,43 @@ def bench_resume(args: argparse.Namespace) -> None:
 BENCHMARKS["resume"] = bench_resume
 
 
+def bench_accumulation(args: argparse.Namespace) -> None:
+    """A 2-cycle, k=4 accumulation check of the quickstart's small MLP, in-process, after import.
+
+    First: the first check after `import trainparity` and the recipe's module. Then the median
+    of 10 more in the same interpreter, with torch's default intra-op threads and with one
+    thread: on a busy machine, threads that wait for a core dominate a model this small.
+    """
+    import os
+    import statistics
+
+    import torch
+
+    import trainparity as tp
+    from trainparity.quickstarts.accumulation import FLOAT32, Regression
+
+    def run() -> float:
+        start = time.perf_counter()
+        result = tp.check_accumulation(Regression, microbatches=4, cycles=2, comparison=FLOAT32)
+        elapsed = time.perf_counter() - start
+        assert result.passed, result.report()
+        return elapsed
+
+    print(f"accumulation check, small MLP, k=4, 2 cycles, in-process (target <= 0.1 s); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"first check after import (includes torch's one-time initialization of autograd and the "
+          f"optimizer's first step): {run():.3f} s")
+    threads = torch.get_num_threads()
+    for count in dict.fromkeys((threads, 1)):
+        torch.set_num_threads(count)
+        warm = statistics.median(run() for _ in range(10))
+        print(f"median of 10, torch threads={count}: {warm:.3f} s")
+    torch.set_num_threads(threads)
+
+
+BENCHMARKS["accumulation"] = bench_accumulation
+
+
 DATA_PARALLEL_PROBE = """
 import json, statistics, sys, time
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import pathlib
-import pickle
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -39,7 +39,7 @@ from trainparity._compare import (
 )
 from trainparity._engine import Job, JobOutcome, run_jobs, validate_isolation, validate_timeout
 from trainparity._observe import OBSERVATION_LOCK, Observer
-from trainparity._recipe import LossAccounting, Recipe, RecipeRef, resolve_recipe
+from trainparity._recipe import LossAccounting, Recipe, RecipeRef, _import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation, json_safe
 from trainparity._snapshot import snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch, validate_microbatches
@@ -54,6 +54,8 @@ ROUNDING_LEVEL = 1e-5
 #: at most this many gradient elements enter the least-squares fit of micro-batch weights
 FIT_ELEMENTS = 1 << 20
 
+SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]
+
 
 # -- running one side ----------------------------------------------------------------------------
 
@@ -65,7 +67,8 @@ class AccumulationPayload:
     recipe: RecipeRef
     accumulation_steps: int
     microbatches: Microbatches | None
-    split: Callable[[Any, Microbatches], Sequence[Any]] | None
+    #: the function itself in-process; "module:qualname" for a child, resolved after its sys.path is set
+    split: SplitFunction | str | None
     cycles: int
     seed: int
     disable_dropout: bool
@@ -148,7 +151,8 @@ def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:
             return split_batch(batch, payload.microbatches)
         except ValueError as error:
             raise _InputError(str(error)) from None
-    parts = payload.split(batch, payload.microbatches)
+    split = payload.split if callable(payload.split) else _import_attribute(*payload.split.split(":", 1))
+    parts = split(batch, payload.microbatches)
     if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or len(parts) != k:
         got = f"{len(parts)} parts" if isinstance(parts, Sequence) else type(parts).__name__
         raise _InputError(f"split= must return a sequence of {k} micro-batches, got {got}")
@@ -189,6 +193,19 @@ def _require_accumulation_parameter(recipe: object, ref: RecipeRef) -> None:
     )
 
 
+def _split_reference(split: object) -> str | None:
+    """`module:qualname` of a module-level split function, or None when it has no importable name."""
+    module, qualname = getattr(split, "__module__", None), getattr(split, "__qualname__", "")
+    if module == "__main__":
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+    if not module or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if _import_attribute(module, qualname) is split else None
+    except (ImportError, AttributeError):
+        return None
+
+
 def _validate(cycles: object, seed: object, split: object, isolation: str, flags: dict[str, object]) -> int:
     if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1:
         raise ValueError(f"cycles= must be an int >= 1 (windows of k micro-batches compared), got {cycles!r}")
@@ -196,14 +213,11 @@ def _validate(cycles: object, seed: object, split: object, isolation: str, flags
         raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
     if split is not None and not callable(split):
         raise TypeError(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
-    if split is not None and isolation != "inprocess":
-        try:
-            pickle.dumps(split)
-        except Exception as error:
-            raise TypeError(
-                f"split= must be a module-level function to travel to a fresh process (isolation={isolation!r}): "
-                f"{error}"
-            ) from error
+    if split is not None and isolation != "inprocess" and _split_reference(split) is None:
+        raise TypeError(
+            f"split= must be a function defined at module level in an importable module to reach a fresh process "
+            f"(isolation={isolation!r}), got {split!r}"
+        )
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name}= must be True or False, got {value!r}")
@@ -217,7 +231,7 @@ def check_accumulation(
     cycles: int = 2,
     comparison: object = None,
     seed: int = 0,
-    split: Callable[[Any, Any], Sequence[Any]] | None = None,
+    split: SplitFunction | None = None,
     disable_dropout: bool = True,
     allow_batch_dependent: bool = False,
     isolation: str = "inprocess",
@@ -249,12 +263,13 @@ def check_accumulation(
         "seed": seed,
         "comparison": declared.describe(),
         "isolation": isolation,
-        "split": "split_batch" if split is None else f"{split.__module__}:{split.__qualname__}",
+        "split": "split_batch" if split is None else _split_reference(split) or getattr(split, "__qualname__", "split"),
         "disable_dropout": disable_dropout,
         "allow_batch_dependent": allow_batch_dependent,
     }
     reference = AccumulationPayload(ref, 1, None, None, cycles, seed, disable_dropout)
-    candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=split)
+    sent = split if split is None or isolation == "inprocess" else _split_reference(split)
+    candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
     outcomes = run_jobs(
         [Job(TASK, reference, "reference", timeout), Job(TASK, candidate, "candidate", timeout)], isolation=isolation
     )
@@ -320,6 +335,8 @@ def judge_accumulation(
             + "; the gradients phase judges what the loss did (return tp.LossAccounting(value, numerator, "
             "denominator) to have the normalization judged)")
     violations: list[Violation] = []
+    # Notes that hold in several windows are said once: template (with "{windows}") -> window numbers.
+    window_notes: dict[str, list[int]] = {}
     for index, (ref_window, cand_window) in enumerate(
         zip(reference["windows"], candidate["windows"], strict=True), start=1
     ):
@@ -331,13 +348,17 @@ def judge_accumulation(
                 "the two runs must train on the same data"))
         previous = candidate["windows"][index - 2] if index > 1 else None
         window = _Window(index, ref_window, cand_window, previous, k, comparison, candidate["optimizers"])
-        found, window_notes = window.judge(judge_loss)
-        notes += window_notes
+        found, templates = window.judge(judge_loss)
+        for template in templates:
+            window_notes.setdefault(template, []).append(index)
         if found:
             violations = found
-            if index < len(reference["windows"]):
-                notes.append(f"windows after window {index} not judged: they start from the diverged state")
             break
+    for template, indices in window_notes.items():
+        numbers = ", ".join(map(str, indices))
+        notes.append(template.replace("{windows}", f"window {numbers}" if len(indices) == 1 else f"windows {numbers}"))
+    if violations and violations[0].step is not None and violations[0].step < len(reference["windows"]):
+        notes.append(f"windows after window {violations[0].step} not judged: they start from the diverged state")
     drawn = [name for name, trace in (("reference", reference), ("candidate", candidate))
              if any(c["rng_drawn"] for w in trace["windows"] for c in w["calls"])]
     if drawn:
@@ -389,6 +410,7 @@ class _Window:
     ) -> None:
         self.index, self.ref, self.cand, self.previous = index, ref, cand, previous
         self.k, self.comparison, self.optimizers = k, comparison, optimizers
+        #: notes about this window, "{windows}" standing for where they hold
         self.notes: list[str] = []
 
     def judge(self, judge_loss: bool) -> tuple[list[Violation], list[str]]:
@@ -407,7 +429,7 @@ class _Window:
             # A declared value that disagrees while training agrees is a reporting convention, not a bug.
             first = accounting[0]
             self.notes.append(
-                f"loss_accounting differs in window {self.index}"
+                "loss_accounting differs in {windows}"
                 + (f" (it would be diagnosed {first.cause})" if first.cause else "")
                 + " but gradients, parameters, optimizer and scheduler state agree with the reference: "
                 "LossAccounting.value should be the loss back-propagated by that call; not failed")
@@ -537,8 +559,8 @@ class _Window:
         if any(early) and not any(v.cause == "clip_per_microbatch" for v in found):
             functions = sorted({clip["function"] for c in self.cand["calls"] for clip in c["clips"]})
             self.notes.append(
-                f"window {self.index}: the candidate called {', '.join(functions)}() at micro-batches "
-                f"{_indices(early)}, before its optimizer step: clipping per micro-batch; it did not change the "
+                f"the candidate called {', '.join(functions)}() at micro-batches {_indices(early)} of "
+                "{windows}, before its optimizer step: clipping per micro-batch; it did not change the "
                 "gradients in this run, but can with larger gradients")
 
     # -- gradients ---------------------------------------------------------------------------------
@@ -606,7 +628,7 @@ class _Window:
             if len(contributions) > 1 and _close(candidate, contributions[-1]):
                 return None, (
                     "No diagnosis code fits. Observed: the gradients at the step hold only the last micro-batch's "
-                    "gradient: they were reset between micro-batches (a zero_grad() before each backward?).")
+                    "gradient: they were reset between micro-batches, e.g. by a zero_grad() before each backward.")
             return None, (
                 "No known cause fits: the gradients at the step are not the sum of the gradients back-propagated "
                 "in this window's micro-batches; this is the first observed divergence, not a root cause.")

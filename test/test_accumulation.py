@@ -1,0 +1,367 @@
+"""tp.check_accumulation: one fault per diagnosis code, clean controls, ABSTAIN, ERROR, bad input, cleanup."""
+
+from __future__ import annotations
+
+import json
+import unittest
+import warnings
+from typing import Any
+
+import pytest
+import test_accumulation_recipes as recipes
+import torch
+import torch.nn.utils.clip_grad as clip_grad
+from torch import nn
+
+import trainparity as tp
+from trainparity._cli import main
+
+TOL = recipes.TOLERANCE
+
+
+def check(recipe: Any, **kwargs: Any) -> tp.AccumulationResult:
+    kwargs.setdefault("comparison", TOL)
+    with warnings.catch_warnings():
+        # SchedulerPerMicrobatch steps its scheduler before the first optimizer step, on purpose.
+        warnings.filterwarnings("ignore", "Detected call of", UserWarning)
+        return tp.check_accumulation(recipe, **kwargs)
+
+
+# -- one fault per diagnosis code ------------------------------------------------------------------
+
+FAULTS = [
+    # recipe, check arguments, path of the first violation, kind, cause, window
+    (recipes.NotScaled, {}, "gradients.0.weight", "gradient_mismatch", "loss_not_scaled", 1),
+    (recipes.NotScaled, {"microbatches": (3, 3, 2)}, "gradients.0.weight", "gradient_mismatch",
+     "loss_not_scaled", 1),
+    (recipes.ScaledTwice, {}, "gradients.0.weight", "gradient_mismatch", "loss_scaled_twice", 1),
+    (recipes.NoZeroGrad, {}, "gradients.0.weight", "gradient_mismatch", "grads_not_reset", 2),
+    (recipes.Premature, {}, "optimizer_steps", "step_count_mismatch", "premature_step", 1),
+    (recipes.SamplesPerStep, {}, "optimizer_steps", "step_count_mismatch", "missing_step", 1),
+    (recipes.StepsEveryMicrobatch, {}, "optimizer_steps", "step_count_mismatch", "extra_step", 1),
+    (recipes.SchedulerPerMicrobatch, {}, "parameters.0.weight", "parameter_mismatch",
+     "scheduler_per_microbatch", 1),
+    (recipes.ClipPerMicrobatch, {}, "gradients.0.weight", "gradient_mismatch", "clip_per_microbatch", 1),
+    (recipes.MeanOfMeans, {}, "loss_accounting", "loss_accounting_mismatch", "mean_of_means", 1),
+    (recipes.MeanOfMeansBareLoss, {}, "gradients.weight", "gradient_mismatch", "mean_of_means", 1),
+    # a per-sample mean divided by k is a mean of means as soon as the micro-batches differ in size
+    (recipes.MLP, {"microbatches": (3, 3, 2)}, "gradients.0.weight", "gradient_mismatch", "mean_of_means", 1),
+    (recipes.TokensOwnMean, {}, "loss_accounting", "loss_accounting_mismatch", "loss_not_scaled", 1),
+    (recipes.ClipBeforeUnscale, {}, "gradients.0.weight", "clip_on_scaled_gradients",
+     "unscale_before_clip_missing", 1),
+]
+
+
+@pytest.mark.parametrize(("recipe", "kwargs", "path", "kind", "cause", "window"), FAULTS,
+                         ids=[f"{f[0].__name__}-{f[4]}" for f in FAULTS])
+def test_fault_is_caught_with_its_phase_and_cause(
+    recipe: type[tp.Recipe], kwargs: dict[str, Any], path: str, kind: str, cause: str, window: int
+) -> None:
+    result = check(recipe, **kwargs)
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    first = result.first_violation
+    assert first is not None
+    assert (first.path, first.kind, first.cause, first.step) == (path, kind, cause, window), result.report()
+    assert f"Diagnosis ({cause})" in first.message
+
+
+def test_every_diagnosis_code_has_a_fault() -> None:
+    codes = {"loss_not_scaled", "loss_scaled_twice", "grads_not_reset", "premature_step", "missing_step",
+             "extra_step", "scheduler_per_microbatch", "clip_per_microbatch", "mean_of_means",
+             "unscale_before_clip_missing"}
+    assert {fault[4] for fault in FAULTS} == codes
+
+
+def test_step_violation_records_counts_per_microbatch() -> None:
+    first = check(recipes.StepsEveryMicrobatch).first_violation
+    assert first is not None
+    assert (first.expected, first.actual, first.position) == ([0, 0, 0, 1], [1, 1, 1, 1], 0)
+    first = check(recipes.Premature, microbatches=2).first_violation
+    assert first is not None
+    assert (first.expected, first.actual) == ([0, 1], [1, 0])
+
+
+def test_gradient_fault_reports_losses_and_consequences() -> None:
+    result = check(recipes.NotScaled)
+    first = result.first_violation
+    assert first is not None and "Losses returned by step(): reference" in first.message
+    later = [v for v in result.violations if v.path.startswith(("parameters.", "optimizer."))]
+    assert later and all(v.cause is None and "follows from the earlier divergence" in v.message for v in later)
+    assert "windows after window 1 not judged: they start from the diverged state" in result.notes
+
+
+def test_scheduler_fault_marks_the_scheduler_state_and_the_learning_rate_used() -> None:
+    result = check(recipes.SchedulerPerMicrobatch)
+    first = result.first_violation
+    assert first is not None
+    assert "stepped with learning rates [0.0125] where the reference used [0.1]" in first.message
+    scheduler = [v for v in result.violations if v.path.startswith("scheduler.")]
+    assert scheduler and all(v.cause == "scheduler_per_microbatch" for v in scheduler)
+    assert "scheduler.last_epoch" in {v.path for v in scheduler}
+
+
+def test_gradients_reset_between_microbatches_is_observed_without_a_code() -> None:
+    first = check(recipes.ZeroGradEveryCall).first_violation
+    assert first is not None and first.path == "gradients.0.weight" and first.cause is None
+    assert "hold only the last micro-batch's gradient" in first.message
+
+
+def test_float32_rounding_fails_exact_and_passes_the_documented_tolerance() -> None:
+    exact = check(recipes.MLP32, comparison=None)
+    first = exact.first_violation
+    assert exact.outcome is tp.Outcome.FAIL and first is not None and first.cause is None
+    assert "floating-point rounding" in first.message and "declare a tolerance" in first.message
+    declared = check(recipes.MLP32, comparison=tp.ToleranceComparison(rtol=1e-5, atol=1e-6), cycles=4)
+    assert declared.outcome is tp.Outcome.PASS, declared.report()
+
+
+# -- clean controls ----------------------------------------------------------------------------------
+
+CLEAN = [
+    (recipes.MLP, {}),
+    (recipes.MLP, {"microbatches": 2, "cycles": 3}),
+    (recipes.AdamWUnscaledReturn, {}),
+    (recipes.ClipAtBoundary, {}),
+    (recipes.Scaled, {}),
+    (recipes.SumOverWindow, {"microbatches": (3, 3, 2)}),
+    (recipes.SumOverWindow, {"microbatches": (1, 5, 2)}),
+    (recipes.TokenWeighted, {"microbatches": (3, 3, 2)}),
+    (recipes.TokenWeighted, {}),
+    (recipes.FrozenBatchNorm, {}),
+    (recipes.MLP, {"split": recipes.chunk_split}),
+    (recipes.ClipPerMicrobatch(max_norm=1e6), {}),
+    (recipes.ExactLinear, {"comparison": None}),
+]
+
+
+@pytest.mark.parametrize(("recipe", "kwargs"), CLEAN, ids=[f"{getattr(c[0], '__name__', type(c[0]).__name__)}-{i}"
+                                                            for i, c in enumerate(CLEAN)])
+def test_clean_recipe_passes(recipe: Any, kwargs: dict[str, Any]) -> None:
+    result = check(recipe, **kwargs)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.violations == []
+
+
+def test_both_loss_return_conventions_pass_and_are_shown_unjudged() -> None:
+    for recipe in (recipes.MLP, recipes.AdamWUnscaledReturn):
+        result = check(recipe)
+        assert result.passed, result.report()
+        assert any(note.startswith("loss_accounting not judged: step() returns a bare loss") for note in result.notes)
+
+
+def test_loss_accounting_is_judged_when_declared() -> None:
+    result = check(recipes.TokenWeighted, microbatches=(3, 3, 2))
+    assert result.passed and not any("loss_accounting" in note for note in result.notes)
+
+
+def test_loss_accounting_convention_alone_never_fails() -> None:
+    result = check(recipes.TokenWeightedUnscaledValue, microbatches=(3, 3, 2))
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert any(note.startswith("loss_accounting differs in windows 1, 2 (it would be diagnosed loss_not_scaled)")
+               for note in result.notes)
+
+
+def test_exact_default_comparison() -> None:
+    result = tp.check_accumulation(recipes.ExactLinear)
+    assert result.passed and result.config["comparison"] == "exact"
+
+
+def test_harmless_clipping_per_microbatch_is_noted() -> None:
+    result = check(recipes.ClipPerMicrobatch(max_norm=1e6))
+    assert any("clip_grad_norm_() at micro-batches 0, 1, 2 of windows 1, 2, before its optimizer step" in n
+               for n in result.notes)
+
+
+def test_dropout_is_disabled_in_both_runs_and_said() -> None:
+    result = check(recipes.WithDropout)
+    assert result.passed
+    assert "dropout disabled in both runs (disable_dropout=True): model.2" in result.notes
+    kept = check(recipes.WithDropout, disable_dropout=False)
+    assert "dropout left active in both runs (disable_dropout=False)" in kept.notes
+    assert any("step() draws random numbers" in note for note in kept.notes + [kept.reason or ""])
+
+
+# -- ABSTAIN and ERROR -------------------------------------------------------------------------------
+
+
+def test_batchnorm_in_training_mode_abstains_unless_allowed() -> None:
+    result = check(recipes.WithBatchNorm)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    assert result.reason is not None and result.reason.startswith("model.1 (BatchNorm1d) normalizes by batch")
+    allowed = check(recipes.WithBatchNorm, allow_batch_dependent=True)
+    assert allowed.outcome is tp.Outcome.FAIL
+    assert "batch-dependent modules compared anyway (allow_batch_dependent=True): model.1 (BatchNorm1d)" in \
+        allowed.notes
+
+
+def test_randomness_in_step_abstains_on_divergence() -> None:
+    result = check(recipes.NoisyStep)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    assert result.reason is not None and "step() draws random numbers" in result.reason
+    assert result.first_violation is not None
+
+
+def test_setup_that_depends_on_k_abstains() -> None:
+    result = check(recipes.SetupDependsOnK)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    assert result.first_violation is not None and result.first_violation.path == "loader.batch_size"
+
+
+def test_batches_that_differ_between_runs_abstain() -> None:
+    result = check(recipes.DataDependsOnK)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    first = result.first_violation
+    assert first is not None and (first.kind, first.path, first.step) == ("batch_mismatch", "batch[0]", 1)
+
+
+def test_recipe_error_is_an_error_result() -> None:
+    result = check(recipes.RaisesInStep)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.phase == "reference"
+    assert isinstance(result.exception, ValueError)
+
+
+def test_process_isolation() -> None:
+    result = check(recipes.NotScaled, isolation="process", timeout=60)
+    assert result.first_violation is not None and result.first_violation.cause == "loss_not_scaled"
+    assert result.config["isolation"] == "process"
+    passed = check(recipes.Scaled, isolation="process", timeout=60, split=recipes.chunk_split)
+    assert passed.passed, passed.report()
+    failed = check(recipes.RaisesInStep, isolation="process", timeout=60)
+    assert failed.error is not None and failed.error.exc_type == "ValueError" and failed.exception is None
+
+
+# -- bad input -------------------------------------------------------------------------------------
+
+BAD_INPUT = [
+    ({"microbatches": 1}, ValueError, "microbatches= must be at least 2"),
+    ({"microbatches": True}, TypeError, "got a bool"),
+    ({"microbatches": "4"}, TypeError, "sequence of sizes"),
+    ({"microbatches": (8,)}, ValueError, "at least 2 micro-batch sizes"),
+    ({"microbatches": (4, 0, 4)}, ValueError, "must be ints >= 1"),
+    ({"microbatches": (3, 3)}, ValueError, "adds up to 6 samples but the batch has 8"),
+    ({"microbatches": 3}, ValueError, "does not split into 3 equal micro-batches; declare the sizes, e.g. "
+                                      "microbatches=(3, 3, 2)"),
+    ({"microbatches": 16}, ValueError, "a batch of 8 samples cannot be cut into 16 micro-batches"),
+    ({"cycles": 0}, ValueError, "cycles= must be an int >= 1"),
+    ({"comparison": 1e-5}, TypeError, "tolerances are declared"),
+    ({"split": "chunk"}, TypeError, "split= must be a function"),
+    ({"split": lambda batch, k: [batch]}, ValueError, "split= must return a sequence of 4 micro-batches, got 1"),
+    ({"split": lambda batch, k: [batch], "isolation": "process"}, TypeError, "defined at module level"),
+    ({"disable_dropout": "yes"}, TypeError, "disable_dropout= must be True or False"),
+    ({"isolation": "thread"}, ValueError, "isolation= must be one of"),
+    ({"timeout": 0}, ValueError, "timeout= must be a positive number"),
+    ({"seed": 1.5}, TypeError, "seed= must be an int"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "text"), BAD_INPUT, ids=[b[2][:30] for b in BAD_INPUT])
+def test_bad_input_raises_a_clear_error(kwargs: dict[str, Any], error: type[Exception], text: str) -> None:
+    with pytest.raises(error, match=None) as raised:
+        tp.check_accumulation(recipes.MLP, **kwargs)
+    assert text in str(raised.value)
+
+
+def test_recipe_without_accumulation_steps_is_refused() -> None:
+    with pytest.raises(TypeError, match="takes no accumulation_steps parameter"):
+        tp.check_accumulation(recipes.NoAccumulationParameter)
+    with pytest.raises(TypeError, match="not a tp.Recipe subclass"):
+        tp.check_accumulation(nn.Linear)
+
+
+def test_batch_that_cannot_be_split_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"batch\['weights'\] is a list of 8 plain values"):
+        tp.check_accumulation(recipes.ListBatch)
+
+
+# -- nothing left behind -----------------------------------------------------------------------------
+
+
+def _assert_clean(state: tp.State) -> None:
+    for value in vars(state).values():
+        if isinstance(value, torch.optim.Optimizer):
+            assert not value._optimizer_step_pre_hooks and not value._optimizer_step_post_hooks
+        if isinstance(value, nn.Module):
+            for parameter in value.parameters():
+                assert not parameter._backward_hooks
+            for module in value.modules():
+                assert not module._forward_pre_hooks
+                if isinstance(module, nn.Dropout):
+                    assert module.p == 0.5
+        if isinstance(value, torch.optim.lr_scheduler.LRScheduler):
+            assert "step" not in vars(value)
+        if isinstance(value, torch.amp.GradScaler):
+            assert "unscale_" not in vars(value) and "update" not in vars(value)
+
+
+@pytest.mark.parametrize("recipe", [recipes.Scaled, recipes.ClipAtBoundary, recipes.WithDropout,
+                                    recipes.WithBatchNorm, recipes.RaisesInStep, recipes.ClipPerMicrobatch])
+def test_hooks_and_wrappers_are_removed_afterwards(recipe: type[recipes.MLP]) -> None:
+    originals = {name: getattr(torch.nn.utils, name) for name in ("clip_grad_norm_", "clip_grad_value_")}
+    imported = recipes.clip_grad_norm_
+    recipes.BUILT.clear()
+    check(recipe(record=True))
+    assert len(recipes.BUILT) == 2  # the reference's State and the candidate's
+    for state in recipes.BUILT:
+        _assert_clean(state)
+    assert {name: getattr(torch.nn.utils, name) for name in originals} == originals
+    assert clip_grad.clip_grad_norm_ is originals["clip_grad_norm_"]
+    assert recipes.clip_grad_norm_ is imported
+
+
+# -- the mixin and the command line ------------------------------------------------------------------
+
+
+class MixinTest(tp.TestCase):
+    def test_pass_returns_the_result(self) -> None:
+        result = self.assertAccumulationEquivalent(recipes.MLP, comparison=TOL)
+        self.assertTrue(result.passed)
+
+    def test_fail_raises_with_the_report(self) -> None:
+        with self.assertRaises(AssertionError) as raised:
+            self.assertAccumulationEquivalent(recipes.NotScaled, comparison=TOL)
+        self.assertIn("cause: loss_not_scaled", str(raised.exception))
+
+    def test_abstain_skip(self) -> None:
+        with self.assertRaises(unittest.SkipTest) as raised:
+            self.assertAccumulationEquivalent(recipes.WithBatchNorm, comparison=TOL, abstain="skip")
+        self.assertIn("BatchNorm1d", str(raised.exception))
+
+    def test_error_reraises_the_recipe_error(self) -> None:
+        with self.assertRaisesRegex(ValueError, "boom in step"):
+            self.assertAccumulationEquivalent(recipes.RaisesInStep)
+
+
+@pytest.mark.parametrize(("argv", "code"), [
+    (["test_accumulation_recipes:MLP", "--rtol", "1e-9", "--atol", "1e-12"], 0),
+    (["test_accumulation_recipes:NotScaled", "--microbatches", "2", "--cycles", "1"], 1),
+    (["test_accumulation_recipes:WithBatchNorm"], 2),
+    (["test_accumulation_recipes:RaisesInStep"], 3),
+    (["test_accumulation_recipes:MLP", "--microbatches", "3"], 4),
+    (["test_accumulation_recipes:MLP", "--microbatches", "three"], 4),
+    (["test_accumulation_recipes:NoAccumulationParameter"], 4),
+])
+def test_cli_exit_codes(argv: list[str], code: int, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        status = main(["accumulation", *argv])
+    except SystemExit as exit_:  # argparse usage errors exit from parse_args
+        status = exit_.code
+    assert status == code, capsys.readouterr()
+
+
+def test_cli_json_and_declared_sizes(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "result.json"
+    status = main(["accumulation", "test_accumulation_recipes:SumOverWindow", "--microbatches", "3,3,2",
+                   "--rtol", "1e-9", "--atol", "1e-12", "--json", str(out)])
+    assert status == 0
+    assert capsys.readouterr().out.startswith("trainparity accumulation check: PASS")
+    document = json.loads(out.read_text())
+    assert document["config"]["microbatches"] == [3, 3, 2] and document["outcome"] == "PASS"
+
+
+def test_quickstart_outcomes_are_as_expected(capsys: pytest.CaptureFixture[str]) -> None:
+    from trainparity.quickstarts.accumulation import main as quickstart
+
+    assert quickstart() == 0
+    out = capsys.readouterr().out
+    assert "trainparity accumulation check: PASS" in out and "cause: loss_not_scaled" in out

@@ -1,0 +1,88 @@
+"""Quickstart: gradient accumulation, one clean recipe and one that forgets to scale its loss.
+
+Run it with `python -m trainparity.quickstarts.accumulation`. Each check builds the recipe
+twice from the same seed: once with `accumulation_steps=1`, stepping on whole batches of 32,
+and once with `accumulation_steps=4`, fed the same batches cut into 4 micro-batches of 8.
+The reports say whether the accumulation loop reproduces the full-batch step and, when it
+does not, where the runs first diverge and why.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+import trainparity as tp
+
+#: float32 sums of a micro-batch at a time round differently than one sum over the whole batch
+#: (relative differences around 1e-7, carried into the optimizer state). rtol=1e-5 leaves two orders of
+#: magnitude of headroom and is still far below what an accumulation bug produces (a factor of k, 1/k,
+#: or micro-batches weighted differently); atol=1e-6 covers elements whose value is near zero, where a
+#: relative tolerance means nothing. Scale atol to the size of your gradients.
+FLOAT32 = tp.ToleranceComparison(rtol=1e-5, atol=1e-6)
+
+
+class Regression(tp.Recipe):
+    """A small MLP: AdamW, dropout, gradient clipping and a warmup schedule, stepped every
+    `accumulation_steps` micro-batches."""
+
+    def __init__(self, accumulation_steps: int = 1) -> None:
+        self.accumulation_steps = accumulation_steps
+
+    def setup(self) -> tp.State:
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))
+        return tp.State(model=model, optimizer=optimizer, scheduler=scheduler, micro_step=0)
+
+    def batches(self, state: tp.State) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
+
+    def loss(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(state.model(x), y)
+
+    def step(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        state.micro_step += 1
+        if state.micro_step % self.accumulation_steps == 0:
+            nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=1.0)
+            state.optimizer.step()
+            state.optimizer.zero_grad()
+            state.scheduler.step()
+        return loss
+
+
+class ForgetsToScale(Regression):
+    """A common bug: each micro-batch's mean loss is back-propagated as it is, not divided by k."""
+
+    def step(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        loss = self.loss(state, batch)
+        loss.backward()
+        state.micro_step += 1
+        if state.micro_step % self.accumulation_steps == 0:
+            nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=1.0)
+            state.optimizer.step()
+            state.optimizer.zero_grad()
+            state.scheduler.step()
+        return loss
+
+
+def main() -> int:
+    clean = tp.check_accumulation(Regression, microbatches=4, cycles=2, comparison=FLOAT32)
+    print(clean.report(), end="\n\n")
+    broken = tp.check_accumulation(ForgetsToScale, microbatches=4, cycles=2, comparison=FLOAT32)
+    print(broken.report())
+    first = broken.first_violation
+    as_expected = clean.passed and first is not None and first.cause == "loss_not_scaled"
+    return 0 if as_expected else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
