@@ -48,7 +48,13 @@ def test_clean_ddp_recipe_passes() -> None:
         "steps": 3,
         "seed": 0,
         "comparison": "tolerance(rtol=0.0001, atol=1e-06)",
+        "isolation": "process",
     }
+
+
+def test_spawned_interpreters_agree() -> None:
+    result = check(isolation="spawn", steps=2)
+    assert result.outcome is tp.Outcome.PASS, result.report()
 
 
 def test_exact_comparison_fails_at_rounding_level_and_says_so() -> None:
@@ -97,7 +103,7 @@ class ReportSnapshot(tp.TestCase):
         result = check("rank_drops_samples", steps=1)
         self.assertExpectedInline(result.report(), """\
 trainparity data_parallel check: FAIL
-config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', isolation='process', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
 
 First violation: data.sample_ids (step 1, sample 6, kind: missing_id, cause: rank_shard_missing)
   The ranks' samples together are not the reference's batch (each of its samples read once by one rank).
@@ -200,6 +206,8 @@ def test_rank_that_dies_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -
         ({"backend": "carrier-pigeon"}, ValueError, "backend='carrier-pigeon' is not available"),
         ({"timeout": 0}, ValueError, "timeout= must be a positive number"),
         ({"comparison": 1e-6}, TypeError, "tolerances are declared, never inferred"),
+        ({"isolation": "inprocess"}, ValueError, "cannot run a world of ranks"),
+        ({"isolation": "thread"}, ValueError, "isolation= must be one of"),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:

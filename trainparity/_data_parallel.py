@@ -45,7 +45,7 @@ from trainparity._compare import (
 )
 from trainparity._coverage import check_coverage
 from trainparity._coverage_policy import ExactlyOnce
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_timeout
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._snapshot import to_leaf
@@ -237,6 +237,7 @@ def check_data_parallel(
     comparison: object = None,
     seed: int = 0,
     timeout: float = 120.0,
+    isolation: str | None = None,
 ) -> DataParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
 
@@ -244,11 +245,18 @@ def check_data_parallel(
     reference's gradients at its optimizer step, and every rank's parameters after the step
     equal each other's and the reference's. Never raises for a FAIL. `timeout` bounds the whole
     check: a rank that hangs (a collective that never completes) gets every process killed.
+    `isolation` is "process" (children of the warmed fork server) or "spawn" (fresh interpreters);
+    by default "process", and "spawn" for nccl: a child forked from the fork server may be unable
+    to initialize CUDA.
     """
     ref = resolve_recipe(recipe)
     world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
     declared = resolve_comparison(comparison)
     timeout = validate_timeout(timeout)
+    if isolation is None:
+        isolation = "spawn" if backend == "nccl" else "process"
+    if validate_isolation(isolation) == "inprocess":
+        raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
     config: dict[str, Any] = {
         "recipe": ref.name,
         "world_size": world_size,
@@ -256,8 +264,10 @@ def check_data_parallel(
         "steps": steps,
         "seed": seed,
         "comparison": declared.describe(),
+        "isolation": isolation,
     }
-    _engine.warm_up()  # so that the deadline below counts from the launch, not from the server's start
+    if isolation == "process":
+        _engine.warm_up()  # so that the deadline below counts from the launch, not from the server's start
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-dp-"))
     try:
         dump_at = time.monotonic() + timeout - min(1.0, timeout / 10)
@@ -267,7 +277,7 @@ def check_data_parallel(
             return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
-        outcomes = run_jobs(jobs, isolation="process", concurrency=len(jobs), fail_fast=True)
+        outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), fail_fast=True)
         error = _first_error(outcomes, scratch, timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
