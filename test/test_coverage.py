@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import unittest
 
@@ -334,6 +336,16 @@ class TestInputs(unittest.TestCase):
         assert result.error is not None
         self.assertEqual((result.error.phase, result.error.exc_type), ("sample_ids() at epoch 0, rank 0, batch 0",
                                                                        "TypeError"))
+
+
+class TestQuickstart(unittest.TestCase):
+    def test_clean_setup_passes_and_same_shard_fails(self) -> None:
+        from trainparity.quickstarts import coverage
+
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(coverage.main(), 0)
+        self.assertIn("trainparity coverage check: PASS", out.getvalue())
+        self.assertIn("First violation: coverage.cross_rank_duplicate", out.getvalue())
 
 
 class TestAssertCoverage(tp.TestCase):

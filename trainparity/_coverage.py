@@ -276,20 +276,21 @@ class _Located:
 def _violations(findings: Findings, observations: Observations, coded: Codes, universe: Universe | None,
                 limit: int | None) -> list[Violation]:
     """Materialize the first `limit` findings (all by default) as Violations, with their messages."""
-    n = len(findings) if limit is None else min(limit, len(findings))
+    rows = findings.first(limit)
+    n = len(rows.kind)
     if n == 0:
         return []
-    kinds = findings.kind[:n].tolist()
-    windows = findings.window[:n].tolist()
-    seen = _Located.of(observations, findings.observation[:n])
-    duplicate = np.isin(findings.kind[:n], [SAME_RANK, CROSS_RANK])
-    first = _Located.of(observations, np.where(duplicate, findings.reference[:n], -1))
-    codes = findings.code[:n]
+    kinds, windows = rows.kind.tolist(), rows.window.tolist()
+    columns = rows.columns
+    seen = _Located.of(observations, columns["observation"])
+    duplicate = np.isin(rows.kind, [SAME_RANK, CROSS_RANK])
+    first = _Located.of(observations, np.where(duplicate, columns["reference"], -1))
+    codes = columns["code"]
     samples: list[Any] = [None] * n
     with_sample = np.flatnonzero(codes >= 0)
     for row, sample in zip(with_sample.tolist(), coded.decode(codes[with_sample], universe), strict=True):
         samples[row] = sample
-    references, details, counts = (c[:n].tolist() for c in (findings.reference, findings.detail, findings.count))
+    references, details, counts = (columns[name].tolist() for name in ("reference", "detail", "count"))
     description = universe.description if universe is not None else "None"
     out = []
     for i in range(n):

@@ -89,59 +89,102 @@ class Plan:
     epoch_order: bool = False
 
 
+#: the columns a finding may carry besides its kind, window and sort order (-1 where it does not apply)
+COLUMNS = (
+    "observation",  # observation index (-1 for missing_id, padding_count, repeated_epoch_order)
+    "code",  # sample code (-1 where no sample applies)
+    "reference",  # duplicates: the observation seen first; repeated_epoch_order: the earlier window
+    "detail",  # repeated_epoch_order: the rank; padding_count: the declared padding
+    "count",  # padding_count: the extra observations; repeated_epoch_order: the length of the stream
+)
+#: composite sort keys must stay below this, else the findings are sorted with lexsort
+_KEY_LIMIT = 2**62
+
+
 @dataclasses.dataclass
-class Findings:
-    """The audit's violations as columns, in observation order (see the module docstring)."""
+class _Chunk:
+    """Findings of one kind in one window; `order` sorts them within the window's phase."""
+
+    kind: int
+    window: int
+    #: 0: observed, 1: missing IDs, 2: padding count, 3: repeated orders (the end of the window)
+    phase: int
+    order: IdArray
+    columns: dict[str, IdArray]
+
+
+@dataclasses.dataclass
+class Rows:
+    """Some findings, in observation order, as columns (see COLUMNS)."""
 
     kind: IdArray
     window: IdArray
-    #: observation index (-1 for missing_id, padding_count, repeated_epoch_order)
-    observation: IdArray
-    #: sample code (-1 where no sample applies)
-    code: IdArray
-    #: same/cross-rank duplicate: the observation seen first; repeated_epoch_order: the earlier window
-    reference: IdArray
-    #: repeated_epoch_order: the rank; padding_count: the declared padding
-    detail: IdArray
-    #: padding_count: the extra observations; repeated_epoch_order: the length of the stream
-    count: IdArray
-    #: diagnoses that concern a whole window (e.g. every rank saw the same stream)
-    notes: list[str]
+    columns: dict[str, IdArray]
+
+
+class Findings:
+    """The audit's findings. They are kept as the chunks the audit produced; `first(n)` sorts them
+    into observation order and gathers columns only for the rows it returns, so that an audit
+    with millions of findings and a cap on what is listed does not pay for all of them."""
+
+    def __init__(self, chunks: list[_Chunk], notes: list[str]) -> None:
+        self._chunks = chunks
+        #: diagnoses that concern a whole window (e.g. every rank saw the same stream)
+        self.notes = notes
 
     def __len__(self) -> int:
-        return len(self.kind)
+        return sum(len(chunk.order) for chunk in self._chunks)
 
     def counts(self) -> dict[str, int]:
-        found = np.bincount(self.kind, minlength=len(KINDS))
-        return {KINDS[k]: int(found[k]) for k in range(len(KINDS)) if found[k]}
+        found = dict.fromkeys(KINDS, 0)
+        for chunk in self._chunks:
+            found[KINDS[chunk.kind]] += len(chunk.order)
+        return {kind: count for kind, count in found.items() if count}
+
+    def first(self, limit: int | None) -> Rows:
+        """The first `limit` findings (all when None) in observation order."""
+        chunks = self._chunks
+        if not chunks:
+            empty = np.empty(0, dtype=np.int64)
+            return Rows(empty, empty, {name: empty for name in COLUMNS})
+        sizes = np.array([len(c.order) for c in chunks], dtype=np.int64)
+        chunk_of = np.repeat(np.arange(len(chunks)), sizes)
+        order = np.concatenate([c.order for c in chunks])
+        kind = np.array([c.kind for c in chunks], dtype=np.int64)[chunk_of]
+        window = np.array([c.window for c in chunks], dtype=np.int64)[chunk_of]
+        phase = np.array([c.phase for c in chunks], dtype=np.int64)[chunk_of]
+        span = int(order.max()) + 1
+        if (int(window.max()) + 1) * 4 * span * len(KINDS) < _KEY_LIMIT:
+            key = ((window * 4 + phase) * span + order) * len(KINDS) + kind
+            if limit is not None and limit < len(key):
+                rows = np.argpartition(key, limit - 1)[:limit]
+                rows = rows[np.argsort(key[rows])]
+            else:
+                rows = np.argsort(key)
+        else:
+            rows = np.lexsort((kind, order, phase, window))[:limit]
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        columns = {}
+        for name in COLUMNS:
+            column = np.full(len(rows), -1, dtype=np.int64)
+            for c, chunk in enumerate(chunks):
+                if name in chunk.columns:
+                    mine = chunk_of[rows] == c
+                    column[mine] = chunk.columns[name][rows[mine] - starts[c]]
+            columns[name] = column
+        return Rows(kind[rows], window[rows], columns)
 
 
 class _Table:
-    """Collects findings column-wise, with the sort keys of observation order."""
+    """Collects the findings of an audit, chunk by chunk."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[IdArray]] = {name: [] for name in (
-            "kind", "window", "phase", "order", "observation", "code", "reference", "detail", "count")}
+        self.chunks: list[_Chunk] = []
 
-    def add(self, kind: int, window: int, phase: int, order: IdArray, *, observation: IdArray | None = None,
-            code: IdArray | None = None, reference: IdArray | None = None, detail: IdArray | None = None,
-            count: IdArray | None = None) -> None:
-        n = len(order)
-        if n == 0:
-            return
-        none = np.full(n, -1, dtype=np.int64)
-        values = {"kind": np.full(n, kind, dtype=np.int64), "window": np.full(n, window, dtype=np.int64),
-                  "phase": np.full(n, phase, dtype=np.int64), "order": order, "observation": observation,
-                  "code": code, "reference": reference, "detail": detail, "count": count}
-        for name, column in values.items():
-            self.columns[name].append(none if column is None else np.asarray(column, dtype=np.int64))
-
-    def findings(self, notes: list[str]) -> Findings:
-        cols = {name: np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-                for name, parts in self.columns.items()}
-        order = np.lexsort((cols["kind"], cols["order"], cols["phase"], cols["window"]))
-        return Findings(**{name: cols[name][order] for name in (
-            "kind", "window", "observation", "code", "reference", "detail", "count")}, notes=notes)
+    def add(self, kind: int, window: int, phase: int, order: IdArray, **columns: IdArray) -> None:
+        if len(order):
+            self.chunks.append(_Chunk(kind, window, phase, np.asarray(order, dtype=np.int64),
+                                      {name: np.asarray(value, dtype=np.int64) for name, value in columns.items()}))
 
 
 @dataclasses.dataclass
@@ -210,7 +253,7 @@ def audit(observations: Observations, plan: Plan) -> tuple[Findings, Codes]:
         _audit_window(observations, coded, plan, window, table, notes)
     if plan.epoch_order:
         _audit_epoch_order(observations, coded.codes, table)
-    return table.findings(notes), coded
+    return Findings(table.chunks, notes), coded
 
 
 def _order_key(observations: Observations, index: IdArray) -> IdArray:
@@ -236,8 +279,9 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
         repeated = counts > 1
         if not plan.cross_rank:
             repeated[universe_size:] = False
-        _duplicates(observations, coded, plan, window, start, np.flatnonzero(repeated[codes]) + start, table,
-                    notes)
+        index = np.flatnonzero(repeated[codes]) + start
+        if len(index):
+            _duplicates(observations, coded, plan, window, index, table, notes)
     inside = counts[:universe_size]
     if plan.missing:
         missing = np.flatnonzero(inside == 0)
@@ -262,36 +306,44 @@ def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:
     return starts, first
 
 
-def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, start: int, index: IdArray,
-                table: _Table, notes: list[str]) -> None:
+def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, index: IdArray, table: _Table,
+                notes: list[str]) -> None:
     """Classify the observations of repeated IDs: the first sighting is fine, each later one is a duplicate,
-    same-rank when its rank saw the ID before, cross-rank otherwise."""
+    same-rank when its rank saw the ID before, cross-rank otherwise.
+
+    One sort by (code, rank, position) groups each ID's observations rank by rank: the first row
+    of a (code, rank) group is that rank's first sighting, and the row with the smallest
+    (position, rank) key of a code group is the ID's first sighting.
+    """
     code = coded.codes[index]
-    segment = np.searchsorted(observations.segment_starts, index, side="right") - 1
-    rank = observations.segment_rank[segment]
-    key = _order_key(observations, index)
-    by_code = np.lexsort((key, code))
-    is_first, first_row = _group_first([code[by_code]])
-    first_seen = np.empty_like(index)
-    first_seen[by_code] = index[by_code][first_row]
-    repeat = np.empty(len(index), dtype=bool)
-    repeat[by_code] = ~is_first
-    by_rank = np.lexsort((key, rank, code))
-    is_rank_first, rank_first_row = _group_first([code[by_rank], rank[by_rank]])
-    rank_first_seen = np.empty_like(index)
-    rank_first_seen[by_rank] = index[by_rank][rank_first_row]
-    new_to_rank = np.empty(len(index), dtype=bool)
-    new_to_rank[by_rank] = is_rank_first
+    segment, position, _, _ = observations.locate(index)
+    ranks = len(observations.ranks)
+    rank = np.searchsorted(observations.ranks, observations.segment_rank[segment])
+    span = int(position.max()) + 1
+    if coded.size * ranks * span < _KEY_LIMIT:
+        by = np.argsort((code * ranks + rank) * span + position)
+    else:
+        by = np.lexsort((position, rank, code))
+    code, rank, index = code[by], rank[by], index[by]
+    key = position[by] * ranks + rank
+    code_starts, _ = _group_first([code])
+    group = np.cumsum(code_starts) - 1
+    smallest = np.minimum.reduceat(key, np.flatnonzero(code_starts))
+    first_sight = key == smallest[group]
+    first_seen = np.empty(len(smallest), dtype=np.int64)
+    first_seen[group[first_sight]] = index[first_sight]
+    new_to_rank, rank_first_row = _group_first([code, rank])
+    repeat = ~first_sight
     in_universe = code < coded.universe_size
     if plan.universe_duplicates:
         same = repeat & ~new_to_rank & in_universe
         table.add(SAME_RANK, window, 0, key[same], observation=index[same], code=code[same],
-                  reference=rank_first_seen[same])
+                  reference=index[rank_first_row[same]])
     cross = repeat & new_to_rank
     if not plan.cross_rank:
         cross &= in_universe
     table.add(CROSS_RANK, window, 0, key[cross], observation=index[cross], code=code[cross],
-              reference=first_seen[cross])
+              reference=first_seen[group[cross]])
     if cross.any():
         identical = _identical_streams(observations, coded.codes, window)
         if identical:
