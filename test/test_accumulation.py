@@ -231,6 +231,26 @@ def test_process_isolation() -> None:
     assert failed.error is not None and failed.error.exc_type == "ValueError" and failed.exception is None
 
 
+def test_several_optimizers_and_schedulers_are_named_in_paths() -> None:
+    result = check(recipes.TwoOptimizers)
+    assert result.passed, result.report()
+    broken = check(recipes.TwoOptimizers(head_every_call=True))
+    first = broken.first_violation
+    assert first is not None and (first.path, first.cause) == ("optimizer_steps", "extra_step")
+    assert first.message.startswith("Optimizer 'opt_head' stepped 4 times")
+    paths = {v.path for v in broken.violations}
+    assert {"parameters.head.weight", "optimizer.opt_head.state.head.weight.exp_avg"} <= paths
+    # The body's optimizer stepped as it should, but on gradients through a head that changed mid-window.
+    body = [v for v in broken.violations if v.path == "gradients.body.weight"]
+    assert body and body[0].cause is None and broken.violations.index(body[0]) > 0
+
+
+def test_hang_is_an_error_after_the_timeout() -> None:
+    result = check(recipes.Hangs, isolation="process", timeout=3)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.kind == "timeout"
+
+
 # -- bad input -------------------------------------------------------------------------------------
 
 BAD_INPUT = [

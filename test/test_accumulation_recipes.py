@@ -408,3 +408,44 @@ def chunk_split(batch: Any, microbatches: Any) -> list[Any]:
     """A user-supplied split: torch.chunk on (x, y) tuples."""
     x, y = batch
     return list(zip(x.chunk(microbatches), y.chunk(microbatches), strict=True))
+
+
+class TwoOptimizers(MLP):
+    """Each layer has its own optimizer and scheduler, as in GAN-style code."""
+
+    def __init__(self, accumulation_steps: int = 1, head_every_call: bool = False) -> None:
+        super().__init__(accumulation_steps)
+        self.head_every_call = head_every_call
+
+    def setup(self) -> tp.State:
+        body, head = nn.Linear(4, 8).double(), nn.Linear(8, 1).double()
+        opt_body = torch.optim.SGD(body.parameters(), lr=0.1)
+        opt_head = torch.optim.Adam(head.parameters(), lr=0.01)
+        x, y = torch.randn(64, 4, dtype=torch.float64), torch.randn(64, 1, dtype=torch.float64)
+        return tp.State(body=body, head=head, opt_body=opt_body, opt_head=opt_head,
+                        sched_body=torch.optim.lr_scheduler.StepLR(opt_body, 1, gamma=0.5),
+                        sched_head=torch.optim.lr_scheduler.StepLR(opt_head, 1, gamma=0.5),
+                        loader=DataLoader(TensorDataset(x, y), batch_size=self.batch_size), micro=0)
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        x, y = batch
+        loss = F.mse_loss(state.head(torch.tanh(state.body(x))), y) / self.accumulation_steps
+        loss.backward()
+        boundary = self.boundary(state)
+        if boundary or self.head_every_call:  # the fault, when asked: the head steps every micro-batch
+            state.opt_head.step()
+            state.opt_head.zero_grad()
+        if boundary:
+            state.opt_body.step()
+            state.opt_body.zero_grad()
+            state.sched_body.step()
+            state.sched_head.step()
+        return loss
+
+
+class Hangs(MLP):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        import time
+
+        time.sleep(600)
+        return 0.0

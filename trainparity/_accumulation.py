@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import pathlib
+import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
+import numpy as np
 import torch
 
 from trainparity._compare import (
@@ -43,7 +45,7 @@ from trainparity._recipe import LossAccounting, Recipe, RecipeRef, _import_attri
 from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation, json_safe
 from trainparity._snapshot import snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch, validate_microbatches
-from trainparity._state import capture_rng, seed_everything
+from trainparity._state import seed_everything
 from trainparity._trace import loss_value, require_state
 
 TASK = "trainparity._accumulation:accumulation_run"
@@ -107,9 +109,20 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
 
 
 def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayload) -> list[dict[str, Any]]:
+    batches = iter(recipe.batches(observer.state))
+    try:
+        return _observe_windows(recipe, observer, payload, batches)
+    finally:
+        close = getattr(batches, "close", None)
+        if callable(close):  # a generator over a DataLoader: its workers stop now, not at garbage collection
+            close()
+
+
+def _observe_windows(
+    recipe: Recipe, observer: Observer, payload: AccumulationPayload, batches: Iterator[Any]
+) -> list[dict[str, Any]]:
     name = type(recipe).__name__
     out: list[dict[str, Any]] = []
-    batches = iter(recipe.batches(observer.state))
     for window in range(1, payload.cycles + 1):
         try:
             batch = next(batches)
@@ -124,13 +137,12 @@ def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayloa
         calls = []
         for index, part in enumerate(parts):
             observer.begin_call(index)
-            before = capture_rng()
+            before = _rng_state()
             try:
                 returned = recipe.step(observer.state, part)
             finally:
                 call = observer.end_call()
-            after = capture_rng()
-            call["rng_drawn"] = any(not torch.equal(before[s], after[s]) for s in before)
+            call["rng_drawn"] = not _same_rng(before, _rng_state())
             call.update(_loss_record(returned, f"{name}.step() in window {window}, call {index}"))
             calls.append(call)
         out.append({
@@ -141,6 +153,16 @@ def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayloa
             "end": observer.end_state(),
         })
     return out
+
+
+def _rng_state() -> tuple[torch.Tensor, Any, Any]:
+    """The global RNG streams as they are (cheaper than `capture_rng`'s portable form: taken twice per call)."""
+    return torch.get_rng_state(), np.random.get_state(legacy=True), random.getstate()
+
+
+def _same_rng(a: tuple[torch.Tensor, Any, Any], b: tuple[torch.Tensor, Any, Any]) -> bool:
+    return (torch.equal(a[0], b[0]) and bool(np.array_equal(a[1][1], b[1][1])) and a[1][2:] == b[1][2:]
+            and a[2] == b[2])
 
 
 def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:
@@ -326,7 +348,7 @@ def judge_accumulation(
         notes.append(f"batch-dependent modules compared anyway (allow_batch_dependent=True): "
                      f"{', '.join(batch_dependent)}")
     calls = [c for trace in (reference, candidate) for w in trace["windows"] for c in w["calls"]]
-    judge_loss = all(c["accounting"] for c in calls)
+    judge_loss = all(c["accounting"] and c["loss"] is not None for c in calls)
     if not judge_loss:
         notes.append(
             "loss_accounting not judged: step() "
@@ -416,7 +438,7 @@ class _Window:
     def judge(self, judge_loss: bool) -> tuple[list[Violation], list[str]]:
         accounting = self._loss_accounting() if judge_loss else []
         steps, diverged = self._optimizer_steps()
-        found = steps + self._clip_contract() + self._gradients(diverged)
+        found = steps + self._clip_contract() + self._gradients(diverged, earlier=bool(steps))
         # A scheduler stepped per micro-batch explains later phases only when the gradients agreed.
         scheduler_cause = self._scheduler_cause()
         gradients_agree = not found
@@ -565,7 +587,7 @@ class _Window:
 
     # -- gradients ---------------------------------------------------------------------------------
 
-    def _gradients(self, diverged: set[str]) -> list[Violation]:
+    def _gradients(self, diverged: set[str], earlier: bool) -> list[Violation]:
         found = []
         for entry in self.optimizers:
             if entry in diverged:
@@ -578,7 +600,9 @@ class _Window:
                         mismatches.append(dataclasses.replace(mismatch, path=f"gradients.{name}"))
                 if not mismatches:
                     continue
-                cause, explanation = self._gradient_cause(entry, ref_event, cand_event)
+                # After a step out of place, the gradients were computed at other parameters: no diagnosis.
+                cause, explanation = (None, "It follows from the earlier divergence in this window.") if earlier \
+                    else self._gradient_cause(entry, ref_event, cand_event)
                 for mismatch in mismatches:
                     found.append(self._violation(
                         "gradient_mismatch", mismatch.path, mismatch, cause,
