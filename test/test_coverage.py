@@ -307,6 +307,7 @@ class TestInputs(unittest.TestCase):
             (lambda: tp.ExactlyOnce("abc"), TypeError, "collection of IDs"),
             (lambda: tp.ExpectedPadding(range(3), padding=-1), ValueError, "int >= 0"),
             (lambda: tp.check_coverage({0: [1]}, policy=tp.ExactlyOnce([1, 2, 1])), ValueError, "lists ID 1 more"),
+            (lambda: tp.check_coverage({0: [1]}, policy=tp.ExactlyOnce(range(2**64))), ValueError, "beyond int64"),
             (lambda: tp.check_coverage({"a": [1]}, policy=tp.NoCrossRankOverlap()), TypeError, "ints >= 0"),
             (lambda: tp.check_coverage({0: 5}, policy=tp.NoCrossRankOverlap()), TypeError, "iterable of batches"),
             (lambda: tp.check_coverage({}, policy=tp.NoCrossRankOverlap()), ValueError, "maps no rank"),

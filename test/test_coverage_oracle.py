@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 import trainparity as tp
 
 Row = tuple[str, int, int | None, int | None, Any, int | None]
+#: for a duplicate, where the message says the ID was seen first: (rank, position)
+Reference = tuple[int, int] | None
 KIND_ORDER = ("unexpected_id", "same_rank_duplicate", "cross_rank_duplicate")
 
 
 def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies: list[Any],
-           universe: list[Any] | None) -> tuple[tp.Outcome, list[Row]]:
+           universe: list[Any] | None) -> tuple[tp.Outcome, list[Row], list[Reference]]:
     """Every violation, in observation order, by walking the streams one observation at a time."""
     abstained = False
     unexpected = missing = universe_duplicates = cross = order = False
@@ -45,10 +47,12 @@ def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies
     members = set(universe or [])
     ranks = sorted({rank for epoch in epochs for rank in epoch})
     rows: list[Row] = []
+    references: list[Reference] = []
     earlier: dict[int, list[list[Any]]] = {}
     for e, epoch in enumerate(epochs):
         streams = {r: [(i, w) for batch, w in batches for i in batch] for r, batches in epoch.items()}
         seen_by: dict[Any, set[int]] = {}
+        first_at: dict[tuple[Any, int | None], tuple[int, int]] = {}  # (ID, None or rank) -> first (rank, position)
         in_universe = 0
         for position in range(max((len(s) for s in streams.values()), default=0)):
             for rank in ranks:
@@ -65,8 +69,13 @@ def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies
                     elif cross and new_to_rank:
                         kinds.append("cross_rank_duplicate")
                 seen_by.setdefault(sample, set()).add(rank)
+                first_at.setdefault((sample, None), (rank, position))
+                first_at.setdefault((sample, rank), (rank, position))
                 in_universe += sample in members
-                rows += [(k, e, rank, position, sample, worker) for k in sorted(kinds, key=KIND_ORDER.index)]
+                for k in sorted(kinds, key=KIND_ORDER.index):
+                    rows.append((k, e, rank, position, sample, worker))
+                    references.append(first_at[(sample, rank if k == "same_rank_duplicate" else None)]
+                                      if k.endswith("_duplicate") else None)
         if missing:
             rows += [("missing_id", e, None, None, u, None) for u in universe or [] if u not in seen_by]
         extra = in_universe - sum(1 for s in seen_by if s in members)
@@ -77,8 +86,9 @@ def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies
                 rows.append(("repeated_epoch_order", e, rank, None, None, None))
             if rank in streams:
                 earlier.setdefault(rank, []).append(ids)
+        references += [None] * (len(rows) - len(references))  # the end-of-epoch rows name no first sighting
     outcome = tp.Outcome.FAIL if rows else tp.Outcome.ABSTAIN if abstained else tp.Outcome.PASS
-    return outcome, rows
+    return outcome, rows, references
 
 
 def as_batch(ids: list[Any], form: int, kind: str) -> Any:
@@ -153,7 +163,7 @@ def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None
     return as_input, streams, [makers[i]() for i in draw(POLICIES)], listed
 
 
-@settings(max_examples=1200)
+@settings(max_examples=1500)
 @given(case=audits())
 @example(case=([{0: [[0, 0]]}], [{0: [([0, 0], None)]}], [tp.ExactlyOnce([0, 1])], [0, 1]))
 @example(case=([{0: [[1]], 1: [[1]]}], [{0: [([1], None)], 1: [([1], None)]}],
@@ -161,7 +171,16 @@ def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None
 def test_audit_matches_the_oracle(case: tuple[Any, list[Any], list[Any], list[Any] | None]) -> None:
     as_input, epochs, policies, universe = case
     result = tp.check_coverage(as_input, policy=policies)
-    outcome, rows = oracle(epochs, policies, universe)
+    outcome, rows, references = oracle(epochs, policies, universe)
     assert [(v.kind, v.epoch, v.rank, v.position, v.sample_id, v.worker) for v in result.violations] == rows
     assert result.outcome is outcome
     assert sum(result.counts.values()) == len(rows)
+    for violation, reference in zip(result.violations, references, strict=True):
+        if reference is not None:
+            rank, position = reference
+            said = (f"rank {rank} first observed it at position {position} (" if violation.kind == "same_rank_duplicate"
+                    else f"but rank {rank} at position {position} (")
+            assert said in violation.message, (said, violation.message)
+    if len(rows) > 1:  # listing only the first n violations lists the same ones, in the same order
+        capped = tp.check_coverage(as_input, policy=policies, max_violations=len(rows) // 2)
+        assert capped.violations == result.violations[: len(rows) // 2]

@@ -7,7 +7,7 @@ check, and the audit (`_coverage_audit.py`) judges every policy in one pass.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any, ClassVar
 
 import numpy as np
@@ -19,6 +19,7 @@ IdArray = np.ndarray[Any, Any]
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table
 DENSE_SPAN_FACTOR = 4
+_INT64 = np.iinfo(np.int64)
 
 
 class CoveragePolicy:
@@ -102,7 +103,7 @@ def _validated_universe(universe: object, policy: str) -> UniverseLike:
     if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
         raise TypeError(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or None, "
                         f"got {type(universe).__name__}")
-    if iter(universe) is universe:  # a one-shot iterator: keep its IDs so the policy can be reused
+    if iter(universe) is universe or not isinstance(universe, Sized):  # keep a one-shot iterator's IDs for reuse
         return list(universe)
     return universe
 
@@ -160,6 +161,9 @@ class Universe:
     def build(cls, universe: UniverseLike) -> Universe:
         description = describe_universe(universe)
         if isinstance(universe, range):
+            ends = (universe[0], universe[-1]) if universe else (0, 0)
+            if not _INT64.min <= min(ends) <= max(ends) <= _INT64.max:
+                raise ValueError(f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
             return cls("int", len(universe), description, progression=universe)
         if isinstance(universe, (set, frozenset)):
             universe = sorted(universe)
