@@ -266,6 +266,7 @@ def _order_key(observations: Observations, index: IdArray) -> IdArray:
 
 def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: int, table: _Table,
                   notes: list[str]) -> None:
+    found_before = len(table.chunks)
     _, _, start, end = observations.window_bounds(window)
     codes = coded.codes[start:end]
     universe_size = coded.universe_size
@@ -281,7 +282,7 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
             repeated[universe_size:] = False
         index = np.flatnonzero(repeated[codes]) + start
         if len(index):
-            _duplicates(observations, coded, plan, window, index, table, notes)
+            _duplicates(observations, coded, plan, window, index, table)
     inside = counts[:universe_size]
     if plan.missing:
         missing = np.flatnonzero(inside == 0)
@@ -292,6 +293,13 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
             if extra != declared:
                 table.add(PADDING, window, 2, np.array([declared]), detail=np.array([declared]),
                           count=np.array([extra]))
+    identical = _identical_streams(observations, coded.codes, window) if len(table.chunks) > found_before else []
+    if identical:
+        notes.append(
+            f"epoch {observations.epochs[window]}: ranks {', '.join(map(str, identical))} saw the same samples in "
+            "the same order: were their samplers built with the same rank (for example DistributedSampler(rank=0), "
+            "or num_replicas/rank left to a process group that was not set up)?"
+        )
 
 
 def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:
@@ -306,8 +314,8 @@ def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:
     return starts, first
 
 
-def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, index: IdArray, table: _Table,
-                notes: list[str]) -> None:
+def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, index: IdArray,
+                table: _Table) -> None:
     """Classify the observations of repeated IDs: the first sighting is fine, each later one is a duplicate,
     same-rank when its rank saw the ID before, cross-rank otherwise.
 
@@ -344,14 +352,6 @@ def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: in
         cross &= in_universe
     table.add(CROSS_RANK, window, 0, key[cross], observation=index[cross], code=code[cross],
               reference=first_seen[group[cross]])
-    if cross.any():
-        identical = _identical_streams(observations, coded.codes, window)
-        if identical:
-            notes.append(
-                f"epoch {observations.epochs[window]}: ranks {', '.join(map(str, identical))} saw the same "
-                "samples in the same order: were their samplers built with the same rank (for example "
-                "DistributedSampler(rank=0), or num_replicas/rank left to a process group that was not set up)?"
-            )
 
 
 def _identical_streams(observations: Observations, codes: IdArray, window: int) -> list[int]:
