@@ -49,6 +49,8 @@ class DDPRecipe(tp.Recipe):
 
     def setup(self) -> tp.State:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        # code written for torchrun reads its environment
+        assert (os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == (str(self.rank), str(self.world_size))
         if self.pid_dir is not None:
             (pathlib.Path(self.pid_dir) / f"{os.getpid()}").write_text(str(self.rank))
         generator = torch.Generator().manual_seed(1234)

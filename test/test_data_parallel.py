@@ -3,8 +3,13 @@ and the torchrun coverage example through the harness's own launcher."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pathlib
 import runpy
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -279,3 +284,20 @@ def test_torchrun_example_through_the_harness_launcher(tmp_path: pathlib.Path, s
     else:
         assert rank0.output["outcome"] == "PASS", rank0.output["report"]
         assert "ranks=[0, 1]" in rank0.output["report"]
+
+
+def test_torchrun_example_under_torchrun() -> None:
+    # --standalone: a free port of its own, so that concurrent test runs do not collide on torchrun's default
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE),
+               "--same-shard"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=90)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # torchrun's workers too, whatever happened
+        process.wait()
+    assert process.returncode == 1, err
+    assert "trainparity coverage check: FAIL" in out and "ranks=[0, 1]" in out, out
+    assert "First violation: coverage.cross_rank_duplicate" in out, out

@@ -131,6 +131,10 @@ def _defer_if_follower(scratch: pathlib.Path) -> None:
 
 
 def _run_rank(payload: RankPayload) -> dict[str, Any]:
+    # What torchrun tells each process, for code that reads it (e.g. LOCAL_RANK to pick a device).
+    for name, value in (("RANK", payload.rank), ("LOCAL_RANK", payload.rank), ("WORLD_SIZE", payload.world_size),
+                        ("LOCAL_WORLD_SIZE", payload.world_size)):
+        os.environ[name] = str(value)
     if payload.backend == "nccl":
         torch.cuda.set_device(payload.rank % torch.cuda.device_count())
     store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
