@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 import resume_recipes
@@ -76,3 +78,26 @@ def test_import_starts_no_process() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
+    code = (
+        "import os, threading, time, trainparity._engine as e\n"
+        "threading.Thread(target=e.warm_up, daemon=True).start()\n"
+        "while e._SERVER._process is None: time.sleep(0.01)\n"
+        "print(e._SERVER._process.pid, flush=True)\n"
+        "os._exit(1)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    server = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 5.0
+    while _running(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(server)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -19,6 +19,8 @@ import os
 import select
 import signal
 import sys
+import threading
+from collections.abc import Callable
 
 
 def warm_up() -> None:
@@ -85,17 +87,42 @@ def run_child(request_path: str, protocol_fds: tuple[int, int]) -> None:
             os._exit(code)
 
 
+def _exit_when_orphaned(parent: int) -> Callable[[], None]:
+    """Exit at once if the parent dies while we warm up (seconds in which stdin is not read).
+
+    Returns the function that ends the watch and joins its thread; from then on end of stdin
+    tells the server that its parent is gone.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            if os.getppid() != parent:
+                os._exit(0)
+
+    thread = threading.Thread(target=watch, name="trainparity-orphan-watch", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        done.set()
+        thread.join()
+
+    return stop
+
+
 def serve() -> None:
     # Collection during torch's import costs a third of its time; nothing here makes cycles
     # worth collecting before warm-up ends. Afterwards everything is frozen so that children
     # neither scan nor copy-on-write the server's objects.
     gc.disable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    stop_watching = _exit_when_orphaned(os.getppid())
     # Protocol pipes moved off fds 0/1 so that nothing the children print can reach them.
     inbound, outbound = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
     warm_up()
+    stop_watching()  # no thread may be running when the server forks
     gc.freeze()
     gc.enable()
     children: dict[int, str] = {}
