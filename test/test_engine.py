@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 import resume_recipes
+from process_helpers import still_running
 
 from trainparity._engine import Job, first_error, run_jobs
 
@@ -90,14 +89,5 @@ def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     server = int(done.stdout.split()[0])
-    deadline = time.monotonic() + 5.0
-    while _running(server) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(server)
+    assert still_running([server], grace=5.0) == []
 
-
-def _running(pid: int) -> bool:
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import pathlib
 import tempfile
-import time
 import unittest
 from typing import Any
 
 import pytest
+from process_helpers import still_running
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
@@ -95,22 +95,6 @@ def test_user_error_is_an_error_with_the_child_traceback() -> None:
     assert os.getcwd() not in result.report() and os.getcwd() not in result.to_json()
 
 
-def _running(pid: int) -> bool:
-    """A process that exists and is not a zombie (a killed grandchild waits for init to reap it)."""
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def _still_running(pids: list[int], grace: float = 2.0) -> list[int]:
-    """PIDs still running after `grace` seconds (SIGKILL is delivered asynchronously to grandchildren)."""
-    deadline = time.monotonic() + grace
-    while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [pid for pid in pids if _running(pid)]
-
-
 def test_hang_is_killed_with_its_whole_tree() -> None:
     with tempfile.TemporaryDirectory() as pid_dir:
         result = tp.check_resume(ResumeRecipe(fault="hangs", pid_dir=pid_dir), steps=4, timeout=3)
@@ -119,7 +103,7 @@ def test_hang_is_killed_with_its_whole_tree() -> None:
     assert result.error is not None and result.error.kind == "timeout"
     assert "did not finish within timeout=3 s" in result.report()
     assert pids, "the hanging recipe never ran"
-    assert _still_running(pids) == []
+    assert still_running(pids) == []
 
 
 def test_dead_process_is_an_error_naming_the_signal() -> None:
