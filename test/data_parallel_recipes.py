@@ -96,3 +96,24 @@ class DDPRecipe(tp.Recipe):
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         state.optimizer.step()
         return loss.detach()
+
+
+class UnobservedRecipe(DDPRecipe):
+    """No sample IDs and no optimizer in the State (a hand-written SGD update): nothing to compare there."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        return tp.State(model=state.model, loader=state.loader)
+
+    def sample_ids(self, batch: Any) -> None:
+        return None
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        _, x, y = batch
+        loss = nn.functional.mse_loss(state.model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        with torch.no_grad():
+            for parameter in state.model.parameters():
+                parameter -= 0.1 * parameter.grad
+                parameter.grad = None
+        return loss.detach()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from data_parallel_recipes import DDPRecipe
+from data_parallel_recipes import DDPRecipe, UnobservedRecipe
 
 import trainparity as tp
 from trainparity._engine import Job, run_jobs
@@ -55,6 +55,15 @@ def test_clean_ddp_recipe_passes() -> None:
         "comparison": "tolerance(rtol=0.0001, atol=1e-06)",
         "isolation": "process",
     }
+
+
+def test_what_cannot_be_observed_is_noted() -> None:
+    result = tp.check_data_parallel(UnobservedRecipe, comparison=TOLERANCE, timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.notes == [
+        "data stream not checked: the recipe's sample_ids() returns None.",
+        "gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.",
+    ]
 
 
 def test_spawned_interpreters_agree() -> None:
