@@ -1,0 +1,377 @@
+"""The validation matrix: `python tools/validate.py [--write docs/validation.md]`.
+
+Runs the clean controls and the deliberate faults of the realistic examples in `examples/`
+through the resume, accumulation and coverage checks, and compares each outcome and first
+violation (path and cause) with what the fault declares. Prints one table per surface; with
+`--write FILE`, also writes the tables, the exact command and the versions that produced them.
+Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise.
+
+The faults are constructor arguments of the examples' recipes and pipelines (`fault="..."`),
+each modelled on a bug that real training code has had; this file only declares what each
+should be caught as.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Tiny models train faster on one thread than on two, and the checks' processes inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402  (the environment variable goes first: torch reads it when it loads)
+import dataclasses  # noqa: E402
+import fnmatch  # noqa: E402
+import pathlib  # noqa: E402
+import platform  # noqa: E402
+import shlex  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+import trainparity as tp  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))  # the examples are modules the checks' fresh processes import
+
+import charlm  # noqa: E402
+import cnn  # noqa: E402
+import stateful_loader  # noqa: E402
+
+torch.set_num_threads(1)
+# Faulted recipes step the scheduler out of order on purpose; torch warns about it.
+warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+
+SURFACES = ("resume", "accumulation", "coverage")
+RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
+#: accumulating micro-batch gradients adds the same numbers in another order: a declared rounding tolerance
+ACCUMULATION = {"microbatches": 4, "cycles": 2, "comparison": tp.ToleranceComparison(rtol=1e-4, atol=1e-6)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """What a fault must be caught as: the outcome, and the first violation's path (fnmatch) and cause."""
+
+    path: str
+    cause: str | None
+    outcome: tp.Outcome = tp.Outcome.FAIL
+    #: other fields of the first violation that must match, e.g. {"worker": 1}
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def describe(self) -> str:
+        extra = "".join(f", {name}={value}" for name, value in self.fields)
+        return f"{self.outcome} {self.path} ({self.cause or '-'}{extra})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    surface: str
+    example: str
+    name: str
+    #: the real bug this fault is modelled on; for a clean control, what it checks
+    models: str
+    run: Callable[[], tp.Result]
+    #: None for a clean control, which must PASS
+    expect: Expect | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    case: Case
+    observed: str
+    ok: bool
+    reason: str
+    seconds: float
+
+
+def resume(recipe: type[tp.Recipe], fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_resume(recipe(fault=fault), **RESUME)  # type: ignore[call-arg]
+
+
+def accumulation(recipe: type[tp.Recipe], fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_accumulation(recipe(fault=fault), **ACCUMULATION)  # type: ignore[call-arg]
+
+
+def charlm_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
+    policy = [tp.ExactlyOnce(range(len(charlm.LINES))), tp.DistinctEpochOrder()]
+    return lambda: tp.check_coverage(charlm.coverage_epochs(epochs=3, fault=fault), policy=policy)
+
+
+def cnn_coverage(layout: str, fault: str | None = None) -> Callable[[], tp.Result]:
+    """`layout`: "2 ranks" (2 epochs, every sample once, reshuffled), "4 ranks" (the padded epoch), "stream"."""
+    universe = range(cnn.TRAIN)
+
+    def run() -> tp.Result:
+        if layout == "2 ranks":
+            epochs = [cnn.rank_loaders(epoch, world=2, fault=fault) for epoch in range(2)]
+            return tp.check_coverage(epochs, policy=[tp.ExactlyOnce(universe), tp.DistinctEpochOrder()],
+                                     sample_ids=cnn.sample_ids)
+        if layout == "4 ranks":
+            return tp.check_coverage(cnn.rank_loaders(world=4, fault=fault),
+                                     policy=tp.ExpectedPadding(universe, padding=2), sample_ids=cnn.sample_ids)
+        return tp.check_coverage(cnn.rank_loaders(world=2, streaming=True, fault=fault),
+                                 policy=tp.ExactlyOnce(universe), sample_ids=cnn.sample_ids)
+
+    return run
+
+
+def stateful_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_coverage(stateful_loader.resumed_epoch(world=2, stop_after=2, fault=fault),
+                                     policy=tp.ExactlyOnce(range(stateful_loader.ROWS)))
+
+
+def restored(path: str) -> Expect:
+    return Expect(path, "not_restored")
+
+
+CharLM, Shapes, Rows = charlm.CharLM, cnn.ShapesClassifier, stateful_loader.RowRegression
+
+CASES = [
+    # -- resume ------------------------------------------------------------------------------------------
+    Case("resume", "charlm", "clean", "save at step 3 of 8, mid-epoch", resume(CharLM)),
+    Case("resume", "charlm", "optimizer_not_saved", "checkpoint without the optimizer: AdamW moments restart",
+         resume(CharLM, "optimizer_not_saved"), restored("optimizer.state.embed.weight.step")),
+    Case("resume", "charlm", "scheduler_not_saved", "checkpoint without the scheduler: warmup restarts",
+         resume(CharLM, "scheduler_not_saved"), restored("scheduler.last_epoch")),
+    Case("resume", "charlm", "scheduler_rebuilt_after_optimizer_load",
+         "LambdaLR built after optimizer.load_state_dict overwrites the restored lr",
+         resume(CharLM, "scheduler_rebuilt_after_optimizer_load"), restored("optimizer.param_groups.0.lr")),
+    Case("resume", "charlm", "scaler_not_saved", "GradScaler state lost: the loss scale restarts",
+         resume(CharLM, "scaler_not_saved"), restored("scaler.scale")),
+    Case("resume", "charlm", "torch_rng_not_saved", "torch RNG not saved: other dropout masks",
+         resume(CharLM, "torch_rng_not_saved"), restored("rng.torch")),
+    Case("resume", "charlm", "cursor_ignored_on_resume", "cursor restored but the epoch restarts from batch 0",
+         resume(CharLM, "cursor_ignored_on_resume"), Expect("data.sample_ids", "data_replayed")),
+    Case("resume", "charlm", "cursor_counts_prefetched", "cursor counts what a prefetcher fetched, not trained",
+         resume(CharLM, "cursor_counts_prefetched"), Expect("data.sample_ids", "data_skipped")),
+    Case("resume", "cnn", "clean", "save at step 3 of 8, mid-epoch, 2 DataLoader workers", resume(Shapes)),
+    Case("resume", "cnn", "optimizer_not_saved", "checkpoint without the optimizer: SGD momentum restarts",
+         resume(Shapes, "optimizer_not_saved"), restored("optimizer.state.model.0.weight.momentum_buffer")),
+    Case("resume", "cnn", "plateau_not_saved", "ReduceLROnPlateau not saved: its best and patience restart",
+         resume(Shapes, "plateau_not_saved"), restored("scheduler.last_epoch")),
+    Case("resume", "cnn", "ema_rebuilt_on_resume", "EMA re-initialized from the loaded weights",
+         resume(Shapes, "ema_rebuilt_on_resume"), restored("ema.n_averaged")),
+    Case("resume", "cnn", "numpy_rng_not_saved", "numpy RNG not saved: other random erasing",
+         resume(Shapes, "numpy_rng_not_saved"), restored("rng.numpy")),
+    Case("resume", "cnn", "python_rng_not_saved", "Python RNG not saved: other random erasing",
+         resume(Shapes, "python_rng_not_saved"), restored("rng.python")),
+    Case("resume", "cnn", "cursor_counts_prefetched", "cursor counted by the batch sampler, ahead by the prefetch",
+         resume(Shapes, "cursor_counts_prefetched"), Expect("data.sample_ids", "data_skipped")),
+    Case("resume", "cnn", "iterator_seeded_from_global_rng",
+         "DataLoader without a generator draws its base seed from the global RNG at the resume",
+         resume(Shapes, "iterator_seeded_from_global_rng"), Expect("rng.torch", None)),
+    Case("resume", "stateful_loader", "clean", "StatefulDataLoader resumed mid-epoch", resume(Rows)),
+    Case("resume", "stateful_loader", "loader_not_saved", "loader.state_dict() not in the checkpoint",
+         resume(Rows, "loader_not_saved"), restored("loader.*")),
+    Case("resume", "stateful_loader", "iteration_not_saved", "the iteration counter that drives warmup is lost",
+         resume(Rows, "iteration_not_saved"), restored("iteration")),
+    # -- accumulation ------------------------------------------------------------------------------------
+    Case("accumulation", "charlm", "clean", "4 micro-batches, token-weighted, GradScaler, clipping",
+         accumulation(CharLM)),
+    Case("accumulation", "charlm", "loss_not_scaled", "each micro-batch's own token mean, never divided by k",
+         accumulation(CharLM, "loss_not_scaled"), Expect("loss_accounting", "loss_not_scaled")),
+    Case("accumulation", "charlm", "loss_scaled_twice", "normalized by the window's tokens, then by k again",
+         accumulation(CharLM, "loss_scaled_twice"), Expect("loss_accounting", "loss_scaled_twice")),
+    Case("accumulation", "charlm", "mean_of_means", "per-micro-batch token means averaged (the 2024 trainer bug)",
+         accumulation(CharLM, "mean_of_means"), Expect("loss_accounting", "mean_of_means")),
+    Case("accumulation", "charlm", "premature_step", "window counter tested before incrementing",
+         accumulation(CharLM, "premature_step"), Expect("optimizer_steps", "premature_step")),
+    Case("accumulation", "charlm", "extra_step", "micro-step counter never reset, compared with >=",
+         accumulation(CharLM, "extra_step"), Expect("optimizer_steps", "extra_step")),
+    Case("accumulation", "charlm", "small_batch_guard", "a guard against ragged batches skips every micro-batch",
+         accumulation(CharLM, "small_batch_guard"), Expect("optimizer_steps", "missing_step")),
+    Case("accumulation", "charlm", "scheduler_per_microbatch", "scheduler.step() on every micro-batch",
+         accumulation(CharLM, "scheduler_per_microbatch"),
+         Expect("parameters.embed.weight", "scheduler_per_microbatch")),
+    Case("accumulation", "charlm", "clip_before_unscale", "clip_grad_norm_ without scaler.unscale_",
+         accumulation(CharLM, "clip_before_unscale"),
+         Expect("gradients.embed.weight", "unscale_before_clip_missing")),
+    Case("accumulation", "cnn", "clean", "4 micro-batches, clipping, EMA, ReduceLROnPlateau", accumulation(Shapes)),
+    Case("accumulation", "cnn", "grads_not_reset", "no zero_grad() after the optimizer step",
+         accumulation(Shapes, "grads_not_reset"), Expect("gradients.model.0.weight", "grads_not_reset")),
+    Case("accumulation", "cnn", "clip_per_microbatch", "clip_grad_norm_ on every micro-batch",
+         accumulation(Shapes, "clip_per_microbatch"), Expect("gradients.model.0.weight", "clip_per_microbatch")),
+    Case("accumulation", "stateful_loader", "clean", "4 micro-batches from a StatefulDataLoader", accumulation(Rows)),
+    Case("accumulation", "stateful_loader", "loss_not_scaled", "micro-batch mean loss not divided by k",
+         accumulation(Rows, "loss_not_scaled"), Expect("gradients.0.weight", "loss_not_scaled")),
+    # -- coverage ----------------------------------------------------------------------------------------
+    Case("coverage", "charlm", "clean", "3 epochs: every line once, a new order each epoch", charlm_coverage()),
+    Case("coverage", "charlm", "same_order_every_epoch", "shuffle generator seeded without the epoch",
+         charlm_coverage("same_order_every_epoch"), Expect("coverage.repeated_epoch_order", None)),
+    Case("coverage", "charlm", "sampled_with_replacement", "indices drawn with replacement",
+         charlm_coverage("sampled_with_replacement"), Expect("coverage.same_rank_duplicate", None)),
+    Case("coverage", "cnn", "clean (2 ranks)", "DistributedSampler, 2 workers per rank, 2 epochs",
+         cnn_coverage("2 ranks")),
+    Case("coverage", "cnn", "clean (4 ranks)", "50 samples over 4 ranks: 2 padded", cnn_coverage("4 ranks")),
+    Case("coverage", "cnn", "clean (stream)", "IterableDataset sharded by rank and worker", cnn_coverage("stream")),
+    Case("coverage", "cnn", "rank_from_local_rank", "every rank passes its node-local rank 0",
+         cnn_coverage("2 ranks", "rank_from_local_rank"), Expect("coverage.cross_rank_duplicate", None)),
+    Case("coverage", "cnn", "drop_last", "drop_last=True loses the tail of the epoch",
+         cnn_coverage("4 ranks", "drop_last"), Expect("coverage.missing_id", None)),
+    Case("coverage", "cnn", "padded_to_whole_batches", "a sampler pads every rank to whole batches",
+         cnn_coverage("4 ranks", "padded_to_whole_batches"), Expect("coverage.padding_count", None)),
+    Case("coverage", "cnn", "held_out_ids_leak", "the sampler shards the held-out split too",
+         cnn_coverage("2 ranks", "held_out_ids_leak"), Expect("coverage.unexpected_id", None)),
+    Case("coverage", "cnn", "set_epoch_forgotten", "sampler.set_epoch() never called",
+         cnn_coverage("2 ranks", "set_epoch_forgotten"), Expect("coverage.repeated_epoch_order", None)),
+    Case("coverage", "cnn", "stream_not_sharded_by_worker", "every worker iterates the whole rank shard",
+         cnn_coverage("stream", "stream_not_sharded_by_worker"),
+         Expect("coverage.same_rank_duplicate", None, fields=(("worker", 1),))),
+    Case("coverage", "stateful_loader", "clean", "an epoch stopped after 2 batches and resumed, 2 ranks",
+         stateful_coverage()),
+    Case("coverage", "stateful_loader", "loader_state_not_restored", "the restarted job never loads the loader state",
+         stateful_coverage("loader_state_not_restored"), Expect("coverage.same_rank_duplicate", None)),
+]
+
+
+def observe(result: tp.Result) -> str:
+    first = result.first_violation
+    if first is None:
+        return f"{result.outcome}" + (f": {result.reason}" if result.reason else "")
+    return f"{result.outcome} {first.path} ({first.cause or '-'})"
+
+
+def judge(case: Case, result: tp.Result) -> tuple[bool, str]:
+    """Whether the case behaved as declared, and if not, why."""
+    if case.expect is None:
+        return (True, "") if result.passed else (False, f"clean control {observe(result)}")
+    expect, first = case.expect, result.first_violation
+    if result.outcome is not expect.outcome:
+        return False, f"outcome {result.outcome}, expected {expect.outcome}" + (
+            f": {result.reason}" if result.reason else "")
+    if first is None:
+        return False, "no violation recorded"
+    if not fnmatch.fnmatchcase(first.path, expect.path):
+        return False, f"first violation at {first.path}, expected {expect.path}"
+    if first.cause != expect.cause:
+        return False, f"cause {first.cause or 'none'}, expected {expect.cause or 'none'}"
+    for name, value in expect.fields:
+        if getattr(first, name) != value:
+            return False, f"{name}={getattr(first, name)}, expected {value}"
+    return True, ""
+
+
+def run_case(case: Case) -> Row:
+    start = time.perf_counter()
+    try:
+        result = case.run()
+    except Exception as error:  # a misuse error is a failure of this case, reported in the table
+        return Row(case, f"raised {type(error).__name__}", False, str(error).splitlines()[0],
+                   time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    ok, reason = judge(case, result)
+    return Row(case, observe(result), ok, reason, seconds)
+
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table(surface: str, rows: list[Row]) -> list[str]:
+    clean = [r for r in rows if r.case.expect is None]
+    faults = [r for r in rows if r.case.expect is not None]
+    lines = [
+        f"### {surface}",
+        "",
+        f"- clean controls passing: {sum(r.ok for r in clean)}/{len(clean)}",
+        f"- faults caught with the expected component and cause: {sum(r.ok for r in faults)}/{len(faults)}",
+        f"- wall time: {sum(r.seconds for r in rows):.1f} s",
+        "",
+        "| example | case | models | expected | observed | verdict | s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        expected = "PASS" if row.case.expect is None else row.case.expect.describe()
+        if row.ok:
+            verdict = "passed" if row.case.expect is None else "caught"
+        else:
+            verdict = ("FAILED: " if row.case.expect is None else "MISSED: ") + row.reason
+        lines.append("| " + " | ".join(cell(c) for c in (
+            row.case.example, f"`{row.case.name}`", row.case.models, expected, row.observed, verdict,
+            f"{row.seconds:.1f}")) + " |")
+    return lines + [""]
+
+
+def environment() -> list[str]:
+    try:
+        from importlib.metadata import version
+
+        torchdata = version("torchdata")
+    except Exception:
+        torchdata = "not installed"
+    return [
+        f"- Python {platform.python_version()}, torch {torch.__version__}, torchdata {torchdata}, "
+        f"trainparity {tp.__version__}",
+        f"- {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, torch threads "
+        f"{torch.get_num_threads()}",
+    ]
+
+
+def command() -> str:
+    script = pathlib.Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(pathlib.Path.cwd().resolve()))
+    except ValueError:
+        shown = str(script)
+    return shlex.join(["python", shown, *sys.argv[1:]])
+
+
+def document(rows: list[Row], total: float) -> str:
+    lines = [
+        "# Validation matrix",
+        "",
+        "Generated by `tools/validate.py`; do not edit by hand, re-run it. Each clean control must PASS;",
+        "each deliberate fault (a constructor argument of an example in `examples/`, modelled on a bug",
+        "real training code has had) must FAIL with the declared first-violation path (a glob) and cause.",
+        "A fault that is not caught stays in the table as MISSED, with the reason.",
+        "",
+        f"Command: `{command()}` (wall time {total:.1f} s)",
+        "",
+        *environment(),
+        "",
+        "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, "
+        "`ToleranceComparison(rtol=1e-4, atol=1e-6)`.",
+        "",
+    ]
+    for surface in SURFACES:
+        lines += table(surface, [r for r in rows if r.case.surface == surface])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", metavar="FILE", help="also write the tables as Markdown (docs/validation.md)")
+    parser.add_argument("--only", metavar="TEXT",
+                        help="run only the cases whose 'surface/example/case' contains TEXT (not with --write)")
+    args = parser.parse_args()
+    if args.only and args.write:
+        parser.error("--write records the whole matrix: drop --only")
+    cases = [c for c in CASES if not args.only or args.only in f"{c.surface}/{c.example}/{c.name}"]
+    if not cases:
+        parser.error(f"no case matches --only {args.only!r}")
+    start = time.perf_counter()
+    rows = []
+    for case in cases:
+        row = run_case(case)
+        mark = "ok  " if row.ok else "BAD "
+        print(f"{mark}{case.surface}/{case.example}/{case.name}: {row.observed} ({row.seconds:.1f} s)"
+              + (f" -- {row.reason}" if row.reason else ""), flush=True)
+        rows.append(row)
+    total = time.perf_counter() - start
+    text = document(rows, total)
+    print("\n" + text)
+    if args.write:
+        pathlib.Path(args.write).write_text(text)
+        print(f"wrote {args.write}")
+    bad = [r for r in rows if not r.ok]
+    if bad:
+        print(f"{len(bad)} case(s) did not behave as declared: "
+              + ", ".join(f"{r.case.surface}/{r.case.example}/{r.case.name}" for r in bad), file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
