@@ -245,6 +245,15 @@ def test_several_optimizers_and_schedulers_are_named_in_paths() -> None:
     assert body and body[0].cause is None and broken.violations.index(body[0]) > 0
 
 
+def test_modules_and_optimizers_inside_list_and_dict_entries_are_observed() -> None:
+    assert check(recipes.ContainedTwoOptimizers).passed
+    broken = check(recipes.ContainedTwoOptimizers(head_every_call=True))
+    first = broken.first_violation
+    assert first is not None and first.message.startswith("Optimizer 'optimizers.head' stepped 4 times")
+    paths = {v.path for v in broken.violations}
+    assert {"parameters.models.1.weight", "optimizer.optimizers.head.state.models.1.weight.exp_avg"} <= paths
+
+
 def test_hang_is_an_error_after_the_timeout() -> None:
     result = check(recipes.Hangs, isolation="process", timeout=3)
     assert result.outcome is tp.Outcome.ERROR

@@ -427,20 +427,37 @@ class TwoOptimizers(MLP):
                         sched_head=torch.optim.lr_scheduler.StepLR(opt_head, 1, gamma=0.5),
                         loader=DataLoader(TensorDataset(x, y), batch_size=self.batch_size), micro=0)
 
+    def parts(self, state: tp.State) -> tuple[Any, ...]:
+        return state.body, state.head, state.opt_body, state.opt_head, state.sched_body, state.sched_head
+
     def step(self, state: tp.State, batch: Any) -> Any:
+        body, head, opt_body, opt_head, sched_body, sched_head = self.parts(state)
         x, y = batch
-        loss = F.mse_loss(state.head(torch.tanh(state.body(x))), y) / self.accumulation_steps
+        loss = F.mse_loss(head(torch.tanh(body(x))), y) / self.accumulation_steps
         loss.backward()
         boundary = self.boundary(state)
         if boundary or self.head_every_call:  # the fault, when asked: the head steps every micro-batch
-            state.opt_head.step()
-            state.opt_head.zero_grad()
+            opt_head.step()
+            opt_head.zero_grad()
         if boundary:
-            state.opt_body.step()
-            state.opt_body.zero_grad()
-            state.sched_body.step()
-            state.sched_head.step()
+            opt_body.step()
+            opt_body.zero_grad()
+            sched_body.step()
+            sched_head.step()
         return loss
+
+
+class ContainedTwoOptimizers(TwoOptimizers):
+    """The same, with the models in a list entry and the optimizers and schedulers in dict entries."""
+
+    def setup(self) -> tp.State:
+        flat = super().setup()
+        return tp.State(models=[flat.body, flat.head], optimizers={"body": flat.opt_body, "head": flat.opt_head},
+                        schedulers={"body": flat.sched_body, "head": flat.sched_head}, loader=flat.loader, micro=0)
+
+    def parts(self, state: tp.State) -> tuple[Any, ...]:
+        return (*state.models, state.optimizers["body"], state.optimizers["head"], state.schedulers["body"],
+                state.schedulers["head"])
 
 
 class Hangs(MLP):

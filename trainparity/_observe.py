@@ -36,7 +36,7 @@ from torch.nn.modules.dropout import _DropoutNd
 
 from trainparity._compare import Snapshot
 from trainparity._snapshot import flatten
-from trainparity._state import State, optimizer_named_state_dict, parameter_names
+from trainparity._state import State, optimizer_named_state_dict, parameter_names, state_objects
 
 #: the clipping functions users call, by the name reports use
 CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -79,11 +79,10 @@ class Observer:
         self.disable_dropout = disable_dropout
         self.record_contributions = record_contributions
         self.names = parameter_names(state)
-        entries = {name: state[name] for name in state}
-        self.optimizers = {n: v for n, v in entries.items() if isinstance(v, torch.optim.Optimizer)}
-        self.schedulers = {n: v for n, v in entries.items() if isinstance(v, torch.optim.lr_scheduler.LRScheduler)}
-        self.modules = {n: v for n, v in entries.items() if isinstance(v, nn.Module)}
-        scalers = [v for v in entries.values() if isinstance(v, torch.amp.GradScaler) and v.is_enabled()]
+        self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
+        self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
+        self.modules = dict(state_objects(state, nn.Module))
+        scalers = [v for _, v in state_objects(state, torch.amp.GradScaler) if v.is_enabled()]
         # With several enabled scalers we cannot tell which one scaled a gradient: record them as they are.
         self.scaler = scalers[0] if len(scalers) == 1 else None
         #: optimizer entry -> [(parameter name, parameter)] in param_groups order
@@ -269,20 +268,20 @@ class Observer:
     def _record_clip(self, function: str, parameters: list[torch.Tensor]) -> None:
         assert self.call is not None
         names = [self.names.get(id(p), "<unnamed>") for p in parameters]
-        still_scaled = sorted({
-            entry for p in parameters if p.grad is not None
-            for entry in [self.owners.get(id(p))] if self._scale_of(entry) is not None
-        }, key=str)
-        grads = {
-            name: _grad_copy(p.grad, self._scale_of(self.owners.get(id(p))))
-            for name, p in zip(names, parameters, strict=True) if p.grad is not None
-        }
+        grads: dict[str, torch.Tensor | None] = {}
+        scales: set[float] = set()
+        for name, parameter in zip(names, parameters, strict=True):
+            if parameter.grad is not None:
+                scale = self._scale_of(self.owners.get(id(parameter)))
+                grads[name] = _grad_copy(parameter.grad, scale)
+                if scale is not None:
+                    scales.add(scale)
         self._clip_records.append({"grads": grads})
         self.call["clips"].append({
             "function": function,
             "parameters": names,
-            "scaled": bool(still_scaled),
-            "scale": None if not still_scaled else self._scale_of(still_scaled[0]),
+            "scaled": bool(scales),  # the clip saw gradients a GradScaler still scaled
+            "scale": max(scales) if scales else None,
         })
 
     # -- calls ---------------------------------------------------------------------------------------

@@ -12,12 +12,13 @@ import pathlib
 import random
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
+T = TypeVar("T")
 CHECKPOINT_FORMAT = "trainparity.save_state/1"
 SCALARS = (bool, int, float, str, type(None))
 #: attributes of loaders and samplers that hold the data itself (a list is a dataset too)
@@ -173,7 +174,7 @@ def parameter_names(state: State) -> dict[int, str]:
     Names carry no prefix when one module in the State owns parameters (`fc.weight`), and
     the entry name otherwise (`student.fc.weight`).
     """
-    owners = [(path, m) for path, m in _modules(state) if any(True for _ in m.parameters())]
+    owners = [(path, m) for path, m in state_objects(state, nn.Module) if any(True for _ in m.parameters())]
     names: dict[int, str] = {}
     for entry, module in owners:
         for pname, parameter in module.named_parameters():
@@ -181,15 +182,16 @@ def parameter_names(state: State) -> dict[int, str]:
     return names
 
 
-def _modules(state: State) -> Iterator[tuple[str, nn.Module]]:
-    """The State's modules with their paths, including those in a list or dict entry."""
+def state_objects(state: State, kind: type[T]) -> Iterator[tuple[str, T]]:
+    """The State's objects of type `kind` (modules, optimizers...) with their paths, including
+    those in a list or dict entry (`models.0`, `optimizers.generator`)."""
     for name in state:
         value = state[name]
-        if isinstance(value, nn.Module):
+        if isinstance(value, kind):
             yield name, value
         items: Any = enumerate(value) if isinstance(value, (list, tuple)) else ()
         for key, item in value.items() if isinstance(value, dict) else items:
-            if isinstance(item, nn.Module):
+            if isinstance(item, kind):
                 yield f"{name}.{key}", item
 
 
