@@ -214,6 +214,12 @@ def test_batches_that_differ_between_runs_abstain() -> None:
     assert first is not None and (first.kind, first.path, first.step) == ("batch_mismatch", "batch[0]", 1)
 
 
+def test_nothing_to_compare_abstains() -> None:
+    result = check(recipes.ModelOutsideState)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    assert result.reason is not None and result.reason.startswith("the State holds no optimizer")
+
+
 def test_recipe_error_is_an_error_result() -> None:
     result = check(recipes.RaisesInStep)
     assert result.outcome is tp.Outcome.ERROR

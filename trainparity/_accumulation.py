@@ -344,6 +344,10 @@ def judge_accumulation(
             f"{', '.join(batch_dependent)} normalizes by batch statistics in training mode: a micro-batch sees other "
             "statistics than the full batch, so accumulation equivalence cannot be verified; pass "
             "allow_batch_dependent=True to compare anyway"))
+    if not reference["optimizers"] and not any(w["end"]["parameters"] for w in reference["windows"]):
+        return AccumulationResult(Outcome.ABSTAIN, notes=notes, config=config, reason=(
+            "the State holds no optimizer and no nn.Module with parameters, so there is nothing to compare; "
+            "put the model and its optimizer in the tp.State that setup() returns"))
     if batch_dependent:
         notes.append(f"batch-dependent modules compared anyway (allow_batch_dependent=True): "
                      f"{', '.join(batch_dependent)}")
