@@ -274,6 +274,18 @@ class TestInputs(unittest.TestCase):
         self.assertEqual(observed(result), [("unexpected_id", 0, 3, 4, 4, 0)])
         self.assertIn("rank 3 at position 4 (batch 2, worker 0)", result.violations[0].message)
 
+    def test_a_pipeline_that_refills_its_batch_buffer(self) -> None:
+        def refilled():  # type: ignore[no-untyped-def]
+            buffer = np.zeros(2, dtype=np.int64)
+            for start in (0, 2, 4):
+                buffer[:] = [start, start + 1]
+                yield buffer
+
+        self.assertTrue(tp.check_coverage({0: refilled()}, policy=tp.ExactlyOnce(range(6))).passed)
+        result = tp.check_coverage({0: [["a"], np.array(["bbbbbb", "cc"])], 1: ["bbbbbb"]},
+                                   policy=tp.NoCrossRankOverlap())
+        self.assertEqual(observed(result), [("cross_rank_duplicate", 0, 0, 1, "bbbbbb", None)])
+
     def test_sample_ids_extracts_from_structured_batches(self) -> None:
         batches = [{"x": torch.zeros(2), "idx": torch.tensor([0, 1])}, {"x": torch.zeros(1), "idx": torch.tensor([2])}]
         self.assertTrue(tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(3)),

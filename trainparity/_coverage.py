@@ -142,9 +142,33 @@ class _UserCodeFailed(Exception):
                               exception=self.error)
 
 
+class _IdBuffer:
+    """Every batch's IDs, copied in as the batch arrives (the pipeline may refill a batch's buffer later).
+
+    Grows by doubling; a first batch as large as the whole input (IDs already extracted) is copied once.
+    """
+
+    def __init__(self) -> None:
+        self._data: IdArray = np.empty(0, dtype=np.int64)
+        self.size = 0
+
+    def append(self, ids: IdArray) -> None:
+        end = self.size + len(ids)
+        dtype = np.promote_types(self._data.dtype, ids.dtype) if self.size else ids.dtype  # wider strings
+        if end > len(self._data) or dtype != self._data.dtype:
+            grown = np.empty(max(end, 2 * len(self._data)), dtype=dtype)
+            grown[:self.size] = self._data[:self.size]
+            self._data = grown
+        self._data[self.size:end] = ids
+        self.size = end
+
+    def array(self) -> IdArray:
+        return self._data[:self.size]
+
+
 def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
     """Iterate every rank's batches into one array of IDs with its segment and batch tables."""
-    parts: list[IdArray] = []
+    buffer = _IdBuffer()
     segment_starts, segment_window, segment_rank, segment_batches = [0], [], [], [0]
     batch_starts: list[int] = []
     batch_workers: list[int] = []
@@ -176,7 +200,7 @@ def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> 
                         ids = sample_ids(batch)
                     except Exception as error:  # noqa: BLE001 - the user's sample_ids failed: an ERROR result
                         raise _UserCodeFailed(error, f"sample_ids() at {where}", int(rank)) from error
-                array = batch_id_array(ids, f"check_coverage: {where}")
+                array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
                 if len(array):
                     kind = "str" if array.dtype.kind == "U" else "int"
                     if first_kind is None:
@@ -184,7 +208,7 @@ def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> 
                     elif kind != first_kind[0]:
                         raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
                                         f"{first_kind[0]} IDs; IDs must be all ints or all strings")
-                    parts.append(array)
+                    buffer.append(array)
                 batch_starts.append(total)
                 batch_workers.append(_worker(worker, where))
                 total += len(array)
@@ -193,11 +217,9 @@ def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> 
             segment_window.append(window)
             segment_rank.append(int(rank))
             segment_batches.append(len(batch_starts))
-    ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-    del parts
     as_array = np.array
     return Observations(
-        ids=ids,
+        ids=buffer.array(),
         segment_starts=as_array(segment_starts, dtype=np.int64),
         segment_window=as_array(segment_window, dtype=np.int64),
         segment_rank=as_array(segment_rank, dtype=np.int64),

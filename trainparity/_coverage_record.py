@@ -48,13 +48,16 @@ def _collate_tagged(collate_fn: Callable[[Any], Any], samples: Any) -> WorkerBat
     return WorkerBatch(collate_fn(samples), None if info is None else int(info.id))
 
 
-def batch_id_array(ids: Any, where: str) -> IdArray:
-    """One batch's IDs as an int64 or str array owned by the caller; a lone int or string is a batch of one."""
+def batch_id_array(ids: Any, where: str, *, copy: bool) -> IdArray:
+    """One batch's IDs as an int64 or str array; a lone int or string is a batch of one.
+
+    With `copy`, the array never shares memory with `ids`: a pipeline may refill the buffer of
+    the batch it yielded before.
+    """
     if isinstance(ids, (int, np.integer, str)) and not isinstance(ids, (bool, np.bool_)):
         return np.array([ids], dtype=np.str_ if isinstance(ids, str) else np.int64)
     array = sample_id_array(ids, where)
-    # The batch may be a view of a buffer that the user's pipeline refills: keep a copy.
-    return array if array.flags.owndata else array.copy()
+    return array.copy() if copy and (array is ids or not array.flags.owndata) else array
 
 
 class _Stream:
@@ -143,7 +146,7 @@ class CoverageRecorder:
         ids = self._sample_ids(batch) if self._sample_ids is not None else batch
         stream = self._streams[self._rank].setdefault(self._epoch, _Stream())
         where = f"CoverageRecorder.record: rank {self._rank}, epoch {self._epoch}, batch {len(stream.parts)}"
-        stream.append(batch_id_array(ids, where), worker)
+        stream.append(batch_id_array(ids, where, copy=True), worker)
 
     def __getstate__(self) -> dict[str, Any]:
         # sample_ids is often a lambda: what travels is the record, not the extraction.
