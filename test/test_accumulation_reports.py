@@ -70,7 +70,7 @@ First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: los
   Greatest absolute difference: 0.59499 at index (3, 2) (up to 1e-12 allowed)
   Greatest relative difference: 4.68283 at index (3, 2) (up to 1e-09 allowed)
 
-  Diagnosis (loss_not_scaled): the reference's gradient equals the micro-batch gradients weighted by [0.375, 0.375, 0.25], adding up to 1 instead of 3: the micro-batch losses were summed without dividing by the number of micro-batches (3).
+  Diagnosis (loss_not_scaled): the reference's gradient equals the gradients of the micro-batches (3, 3, 2 samples) weighted by [0.375, 0.375, 0.25], adding up to 1 instead of 3: the micro-batch losses were summed without dividing by the number of micro-batches (3).
   Losses returned by step(): reference 1.01877; candidate micro-batches 1.14593, 0.877066, 1.04057 (sum 3.06357).
   expected: -0.127058
   actual:   -0.722047
@@ -355,7 +355,7 @@ First violation: gradients.weight (step 1, kind: gradient_mismatch, cause: mean_
   Greatest absolute difference: 0.287977 at index (0, 2) (up to 1e-12 allowed)
   Greatest relative difference: 0.253973 at index (0, 2) (up to 1e-09 allowed)
 
-  Diagnosis (mean_of_means): the reference's gradient equals the micro-batch gradients weighted by [1.33, 1.04, 1.04, 0.593] instead of all 1: each micro-batch was normalized by its own count and the results averaged, where the full batch is normalized by the whole window's count.
+  Diagnosis (mean_of_means): the reference's gradient equals the gradients of the micro-batches (2, 2, 2, 2 samples) weighted by [1.33, 1.04, 1.04, 0.593] instead of all 1: each micro-batch was normalized by its own count and the results averaged, where the full batch is normalized by the whole window's count.
   Losses returned by step(): reference 1.53886; candidate micro-batches 0.184348, 0.688164, 0.354242, 0.357837 (sum 1.58459).
   expected: -1.13389
   actual:   -1.42187

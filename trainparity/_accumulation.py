@@ -39,7 +39,7 @@ from trainparity._compare import (
     compare_snapshots,
     resolve_comparison,
 )
-from trainparity._engine import Job, JobOutcome, run_jobs, validate_isolation, validate_timeout
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._observe import OBSERVATION_LOCK, Observer
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef, _import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation, json_safe
@@ -81,7 +81,7 @@ class _InputError(Exception):
 
 
 def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dict[str, Any]:
-    """Task: set the recipe up, run `cycles` windows observed, return a weights_only-safe trace."""
+    """Task: set the recipe up, run `cycles` windows observed; the trace holds tensors and plain values only."""
     recipe = payload.recipe.build(accumulation_steps=payload.accumulation_steps)
     seed_everything(payload.seed)
     state = require_state(recipe.setup(), recipe, "setup")
@@ -102,7 +102,6 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
             "initial": initial,
             "windows": windows,
             "optimizers": list(observer.optimizers),
-            "schedulers": list(observer.schedulers),
             "dropout": list(observer.dropout),
             "batch_dependent": sorted(observer.batch_dependent),
         }
@@ -304,16 +303,16 @@ def check_accumulation(
 
 
 def _error_result(outcomes: Sequence[JobOutcome], config: dict[str, JsonValue]) -> AccumulationResult | None:
-    for outcome in outcomes:
-        if outcome.error is not None:
-            return AccumulationResult(
-                Outcome.ERROR,
-                config=config,
-                reason=outcome.error.headline().splitlines()[0],
-                error=outcome.error,
-                exception=outcome.exception,
-            )
-    return None
+    failed = first_error(outcomes)
+    if failed is None or failed.error is None:
+        return None
+    return AccumulationResult(
+        Outcome.ERROR,
+        config=config,
+        reason=failed.error.headline().splitlines()[0],
+        error=failed.error,
+        exception=failed.exception,
+    )
 
 
 # -- judgement -----------------------------------------------------------------------------------
@@ -687,7 +686,9 @@ class _Window:
             return None, "No known cause fits; this is the first observed divergence, not a root cause."
         mean = float(weights.mean())
         shown = "[" + ", ".join(f"{w:.3g}" for w in weights.tolist()) + "]"
-        fit = f"the reference's gradient equals the micro-batch gradients weighted by {shown}"
+        sizes = self.cand["sizes"]
+        of = f" ({', '.join(map(str, sizes))} samples)" if sizes else ""
+        fit = f"the reference's gradient equals the gradients of the micro-batches{of} weighted by {shown}"
         if _near(mean, 1 / k):
             return "loss_not_scaled", (
                 f"Diagnosis (loss_not_scaled): {fit}, adding up to 1 instead of {k}: the micro-batch losses were "
