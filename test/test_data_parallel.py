@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 from data_parallel_recipes import DDPRecipe, UnobservedRecipe
+from process_helpers import still_running
 
 import trainparity as tp
 from trainparity._engine import Job, run_jobs
@@ -137,21 +137,6 @@ All violations (9):
   9. parameters.fc2.bias (step 1, rank 0, kind: parameter_mismatch)""")  # noqa: E501
 
 
-def _alive(pids: list[int], grace: float = 2.0) -> list[int]:
-    """PIDs still running (not zombies) after up to `grace` seconds: SIGKILL lands asynchronously."""
-
-    def running(pid: int) -> bool:
-        try:
-            return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
-            return False
-
-    deadline = time.monotonic() + grace
-    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [pid for pid in pids if running(pid)]
-
-
 def _run_recording(monkeypatch: pytest.MonkeyPatch, fault: str, timeout: float) -> tuple[tp.DataParallelResult,
                                                                                          dict[int, int], list[str]]:
     """Run a faulty recipe; return the result, {pid: rank} of every process that ran it, and the scratch dirs."""
@@ -178,7 +163,7 @@ def test_rank_that_raises_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch)
     assert result.reason == "rank 1: the recipe raised ValueError: rank 1 cannot go on"
     assert 'data_parallel_recipes.py", line' in result.report() and "in step" in result.report()
     assert sorted(pids.values()) == [0, 0, 1], "both ranks and the reference ran"
-    assert _alive(list(pids)) == []
+    assert still_running(list(pids)) == []
     assert scratch and not any(pathlib.Path(path).exists() for path in scratch)
 
 
@@ -195,7 +180,7 @@ def test_rank_that_hangs_is_a_timeout_that_kills_every_rank(monkeypatch: pytest.
     assert "distributed.py" in rank0 and 'data_parallel_recipes.py", line' in rank0
     assert 'data_parallel_recipes.py", line' in rank1 and "distributed.py" not in rank1
     assert sorted(pids.values()) == [0, 0, 1]
-    assert _alive(list(pids)) == []
+    assert still_running(list(pids)) == []
     assert scratch and not any(pathlib.Path(path).exists() for path in scratch)
 
 
@@ -205,7 +190,7 @@ def test_rank_that_dies_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -
     assert result.error is not None
     assert (result.error.kind, result.error.rank, result.error.exitcode) == ("died", 1, 3)
     assert result.reason == "rank 1: the process died (exit code 3)"
-    assert _alive(list(pids)) == []
+    assert still_running(list(pids)) == []
     assert scratch and not any(pathlib.Path(path).exists() for path in scratch)
 
 

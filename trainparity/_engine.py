@@ -323,6 +323,8 @@ def _run_processes(
             for index, job in _ready(pending, outcomes, concurrency - len(running)):
                 running[index] = _launch(index, job, workroot, isolation)
             for item, code, sig in _collect_exits(running, isolation):
+                if item.index not in running:  # settled as abandoned by an earlier failure in this batch
+                    continue
                 del running[item.index]
                 kill_tree(item.pid)  # reap what the child left behind (e.g. DataLoader workers)
                 outcomes[item.index] = outcome = _read_outcome(item.job, item.workdir, code, sig)

@@ -95,7 +95,9 @@ def capture_rng() -> dict[str, torch.Tensor]:
     version, internal, gauss_next = random.getstate()
     extra = [0, 0] if gauss_next is None else [1, _float_bits(gauss_next)]
     streams["python"] = torch.tensor([version, *internal, *extra], dtype=torch.int64)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+    # is_initialized() first: is_available() would initialize the driver, and a process that has
+    # (the fork server) cannot fork children that use CUDA.
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         streams["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
     return streams
 
@@ -108,7 +110,7 @@ def restore_rng(streams: dict[str, torch.Tensor]) -> None:
     values = streams["python"].tolist()
     gauss = None if values[-2] == 0 else _bits_float(values[-1])
     random.setstate((values[0], tuple(values[1:-2]), gauss))
-    if "cuda" in streams and torch.cuda.is_available():
+    if "cuda" in streams:
         torch.cuda.set_rng_state_all(list(streams["cuda"]))
 
 
