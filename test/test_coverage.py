@@ -218,6 +218,13 @@ class TestPolicies(unittest.TestCase):
         self.assertEqual(len(result.notes), 1)
         self.assertIn("ranks 0, 1 saw the same samples in the same order", result.notes[0])
 
+    def test_distributed_sampler_padding_is_diagnosed(self) -> None:
+        result = tp.check_coverage(sharded_loaders(10, 4, shuffle=True), policy=tp.ExactlyOnce(range(10)))
+        self.assertEqual(result.counts, {"cross_rank_duplicate": 2})
+        self.assertIn("declare it: tp.ExpectedPadding(universe, padding=2)", result.notes[0])
+        result = tp.check_coverage({0: [[0, 1]], 1: [[1, 0]]}, policy=tp.ExactlyOnce(range(2)))  # every rank repeats
+        self.assertEqual((result.counts, result.notes), ({"cross_rank_duplicate": 2}, []))
+
     def test_universe_forms(self) -> None:
         ids = {0: [[4, 2]], 1: [[0, 6]]}
         universes = (range(0, 8, 2), [0, 2, 4, 6], {6, 4, 2, 0}, np.array([0, 2, 4, 6]), torch.tensor([6, 4, 2, 0]),

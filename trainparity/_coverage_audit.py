@@ -281,8 +281,13 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
         if not plan.cross_rank:
             repeated[universe_size:] = False
         index = np.flatnonzero(repeated[codes]) + start
-        if len(index):
-            _duplicates(observations, coded, plan, window, index, table)
+        padded = _duplicates(observations, coded, plan, window, index, table) if len(index) else None
+        if padded and plan.universe_duplicates:
+            notes.append(
+                f"epoch {observations.epochs[window]}: each repeated sample is the last of its rank's stream, as "
+                "when DistributedSampler(drop_last=False) pads the epoch to a multiple of the world size; if that "
+                f"is intended, declare it: tp.ExpectedPadding(universe, padding={padded})"
+            )
     inside = counts[:universe_size]
     if plan.missing:
         missing = np.flatnonzero(inside == 0)
@@ -315,13 +320,16 @@ def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:
 
 
 def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: int, index: IdArray,
-                table: _Table) -> None:
+                table: _Table) -> int | None:
     """Classify the observations of repeated IDs: the first sighting is fine, each later one is a duplicate,
     same-rank when its rank saw the ID before, cross-rank otherwise.
 
     One sort by (code, rank, position) groups each ID's observations rank by rank: the first row
     of a (code, rank) group is that rank's first sighting, and the row with the smallest
     (position, rank) key of a code group is the ID's first sighting.
+
+    Returns how many duplicates there were when each is the last ID of its rank's stream and
+    fewer ranks have one than the window has ranks: the shape of DistributedSampler's padding.
     """
     code = coded.codes[index]
     segment, position, _, _ = observations.locate(index)
@@ -352,6 +360,12 @@ def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: in
         cross &= in_universe
     table.add(CROSS_RANK, window, 0, key[cross], observation=index[cross], code=code[cross],
               reference=first_seen[group[cross]])
+    duplicates = index[repeat & in_universe]
+    segment = np.searchsorted(observations.segment_starts, duplicates, side="right") - 1
+    first, end, _, _ = observations.window_bounds(window)
+    if len(duplicates) < end - first and bool(np.all(observations.segment_starts[segment + 1] == duplicates + 1)):
+        return len(duplicates)
+    return None
 
 
 def _identical_streams(observations: Observations, codes: IdArray, window: int) -> list[int]:
