@@ -34,6 +34,7 @@ FAULTS = [
     (recipes.NotScaled, {}, "gradients.0.weight", "gradient_mismatch", "loss_not_scaled", 1),
     (recipes.NotScaled, {"microbatches": (3, 3, 2)}, "gradients.0.weight", "gradient_mismatch",
      "loss_not_scaled", 1),
+    (recipes.SparseEmbedding(scaled=False), {}, "gradients.weight", "gradient_mismatch", "loss_not_scaled", 1),
     (recipes.ScaledTwice, {}, "gradients.0.weight", "gradient_mismatch", "loss_scaled_twice", 1),
     (recipes.NoZeroGrad, {}, "gradients.0.weight", "gradient_mismatch", "grads_not_reset", 2),
     (recipes.Premature, {}, "optimizer_steps", "step_count_mismatch", "premature_step", 1),
@@ -53,7 +54,7 @@ FAULTS = [
 
 
 @pytest.mark.parametrize(("recipe", "kwargs", "path", "kind", "cause", "window"), FAULTS,
-                         ids=[f"{f[0].__name__}-{f[4]}" for f in FAULTS])
+                         ids=[f"{getattr(f[0], '__name__', type(f[0]).__name__)}-{f[4]}" for f in FAULTS])
 def test_fault_is_caught_with_its_phase_and_cause(
     recipe: type[tp.Recipe], kwargs: dict[str, Any], path: str, kind: str, cause: str, window: int
 ) -> None:
@@ -131,6 +132,7 @@ CLEAN = [
     (recipes.MLP, {"split": recipes.chunk_split}),
     (recipes.ClipPerMicrobatch(max_norm=1e6), {}),
     (recipes.ExactLinear, {"comparison": None}),
+    (recipes.SparseEmbedding, {}),
 ]
 
 

@@ -484,3 +484,25 @@ class ModelOutsideState(MLP):
             self.opt.step()
             self.opt.zero_grad()
         return loss
+
+
+class SparseEmbedding(MLP):
+    """nn.Embedding(sparse=True): sparse gradients, observed as dense values."""
+
+    def __init__(self, accumulation_steps: int = 1, scaled: bool = True) -> None:
+        super().__init__(accumulation_steps)
+        self.scaled = scaled
+
+    def setup(self) -> tp.State:
+        embedding = nn.Embedding(20, 4, sparse=True).double()
+        ids, y = torch.randint(0, 20, (64,)), torch.randn(64, 4, dtype=torch.float64)
+        loader = DataLoader(TensorDataset(ids, y), batch_size=self.batch_size)
+        return tp.State(model=embedding, optimizer=torch.optim.SGD(embedding.parameters(), lr=0.1), loader=loader,
+                        micro=0)
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / (self.accumulation_steps if self.scaled else 1)
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss

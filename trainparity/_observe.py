@@ -52,6 +52,8 @@ def _grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor
     if tensor is None:
         return None
     copy = tensor.detach().to("cpu", copy=True)
+    if copy.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)) compare as dense values
+        copy = copy.to_dense()
     return copy / scale if scale is not None else copy
 
 
