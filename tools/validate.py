@@ -229,11 +229,13 @@ CASES = [
 ]
 
 
-def observe(result: tp.Result) -> str:
+def observe(result: tp.Result, fields: tuple[str, ...] = ()) -> str:
+    """The outcome and first violation, in the form `Expect.describe` uses (with the fields it names)."""
     first = result.first_violation
     if first is None:
         return f"{result.outcome}" + (f": {result.reason}" if result.reason else "")
-    return f"{result.outcome} {first.path} ({first.cause or '-'})"
+    extra = "".join(f", {name}={getattr(first, name)}" for name in fields)
+    return f"{result.outcome} {first.path} ({first.cause or '-'}{extra})"
 
 
 def judge(case: Case, result: tp.Result) -> tuple[bool, str]:
@@ -267,11 +269,18 @@ def run_case(case: Case) -> Row:
                    time.perf_counter() - start)
     seconds = time.perf_counter() - start
     ok, reason = judge(case, result)
-    return Row(case, observe(result), ok, reason, seconds)
+    fields = tuple(name for name, _ in case.expect.fields) if case.expect else ()
+    return Row(case, observe(result, fields), ok, reason, seconds)
 
 
 def cell(text: str) -> str:
     return text.replace("|", "\\|")
+
+
+def count(rows: list[Row]) -> str:
+    """`passed/total`, and how many were skipped."""
+    skipped = sum(r.skipped for r in rows)
+    return f"{sum(r.ok and not r.skipped for r in rows)}/{len(rows)}" + (f" ({skipped} skipped)" if skipped else "")
 
 
 def table(surface: str, rows: list[Row]) -> list[str]:
@@ -280,9 +289,8 @@ def table(surface: str, rows: list[Row]) -> list[str]:
     lines = [
         f"### {surface}",
         "",
-        f"- clean controls passing: {sum(r.ok and not r.skipped for r in clean)}/{len(clean)}",
-        f"- faults caught with the expected component and cause: {sum(r.ok and not r.skipped for r in faults)}"
-        f"/{len(faults)}",
+        f"- clean controls passing: {count(clean)}",
+        f"- faults caught with the expected component and cause: {count(faults)}",
         f"- wall time: {sum(r.seconds for r in rows):.1f} s",
         "",
         "| example | case | models | expected | observed | verdict | s |",
@@ -342,7 +350,9 @@ def document(rows: list[Row], total: float) -> str:
         "",
     ]
     for surface in SURFACES:
-        lines += table(surface, [r for r in rows if r.case.surface == surface])
+        selected = [r for r in rows if r.case.surface == surface]
+        if selected:
+            lines += table(surface, selected)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -361,8 +371,8 @@ def main() -> int:
     rows = []
     for case in cases:
         row = run_case(case)
-        mark = "BAD " if not row.ok else "skip" if row.skipped else "ok  "
-        print(f"{mark}{case.surface}/{case.example}/{case.name}: {row.observed} ({row.seconds:.1f} s)"
+        mark = "BAD" if not row.ok else "skip" if row.skipped else "ok"
+        print(f"{mark:<5}{case.surface}/{case.example}/{case.name}: {row.observed} ({row.seconds:.1f} s)"
               + (f" -- {row.reason}" if row.reason else ""), flush=True)
         rows.append(row)
     total = time.perf_counter() - start
