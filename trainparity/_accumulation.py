@@ -154,14 +154,21 @@ def _observe_windows(
     return out
 
 
-def _rng_state() -> tuple[torch.Tensor, Any, Any]:
+RngState = tuple[list[torch.Tensor], Any, Any]
+
+
+def _rng_state() -> RngState:
     """The global RNG streams as they are (cheaper than `capture_rng`'s portable form: taken twice per call)."""
-    return torch.get_rng_state(), np.random.get_state(legacy=True), random.getstate()
+    torch_states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # GPU dropout
+        torch_states += torch.cuda.get_rng_state_all()
+    return torch_states, np.random.get_state(legacy=True), random.getstate()
 
 
-def _same_rng(a: tuple[torch.Tensor, Any, Any], b: tuple[torch.Tensor, Any, Any]) -> bool:
-    return (torch.equal(a[0], b[0]) and bool(np.array_equal(a[1][1], b[1][1])) and a[1][2:] == b[1][2:]
-            and a[2] == b[2])
+def _same_rng(a: RngState, b: RngState) -> bool:
+    # Streams present in both: CUDA initialized during the call brings new ones that nothing drew from yet.
+    return (all(torch.equal(x, y) for x, y in zip(a[0], b[0], strict=False))
+            and bool(np.array_equal(a[1][1], b[1][1])) and a[1][2:] == b[1][2:] and a[2] == b[2])
 
 
 def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:
