@@ -286,7 +286,7 @@ def check_data_parallel(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if error is not None:
-        return DataParallelResult(Outcome.ERROR, config=config, reason=error.headline().splitlines()[0], error=error)
+        return DataParallelResult.errored(error, config)
     traces = [o.output for o in outcomes]
     assert all(trace is not None for trace in traces)
     *ranks, reference = (trace for trace in traces if trace is not None)

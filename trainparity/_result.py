@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import Counter
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, Self, TypeAlias
 
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -101,6 +101,12 @@ class Result:
     error: ChildError | None = None
     #: the live exception when the user's code ran in this process (isolation="inprocess")
     exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def errored(cls, error: ChildError, config: dict[str, JsonValue], exception: BaseException | None = None) -> Self:
+        """The ERROR result for a run that raised, hung or died; the reason is the error's headline."""
+        return cls(Outcome.ERROR, config=config, reason=error.headline().splitlines()[0], error=error,
+                   exception=exception)
 
     @property
     def first_violation(self) -> Violation | None:

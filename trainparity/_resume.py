@@ -13,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Sequence
 from typing import Any
 
 from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_snapshots, resolve_comparison
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._recipe import resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
 from trainparity._trace import StepRecord, TrainPayload, diff_steps
@@ -82,26 +81,13 @@ def check_resume(
             isolation=isolation,
             fail_fast=True,
         )
-        failed = _error_result(outcomes, config)
-        if failed is not None:
-            return failed
+        failed = first_error(outcomes)
+        if failed is not None and failed.error is not None:
+            return ResumeResult.errored(failed.error, config, failed.exception)
     finally:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
     return judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
-
-
-def _error_result(outcomes: Sequence[JobOutcome], config: dict[str, Any]) -> ResumeResult | None:
-    failed = first_error(outcomes)
-    if failed is None or failed.error is None:
-        return None
-    return ResumeResult(
-        Outcome.ERROR,
-        config=config,
-        reason=failed.error.headline().splitlines()[0],
-        error=failed.error,
-        exception=failed.exception,
-    )
 
 
 def _records(trace: dict[str, Any]) -> list[StepRecord]:
