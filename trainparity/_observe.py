@@ -183,11 +183,9 @@ class Observer:
             self.dropout.append(path)
 
     def _patch_clipping(self) -> None:
+        # The recipe's modules too: `from torch.nn.utils import clip_grad_norm_` binds the name at import.
         namespaces: list[Any] = [torch.nn.utils, clip_grad]
-        for cls in self.recipe_type.__mro__:
-            module = sys.modules.get(cls.__module__)
-            if module is not None and not cls.__module__.startswith(("trainparity", "builtins")):
-                namespaces.append(module)
+        namespaces += [sys.modules[c.__module__] for c in self.recipe_type.__mro__ if c.__module__ in sys.modules]
         wrappers = {original: self._clip_wrapper(original, name) for original, name in CLIP_FUNCTIONS.items()}
         for namespace in dict.fromkeys(namespaces):
             for attribute, value in list(vars(namespace).items()):
