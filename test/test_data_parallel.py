@@ -295,3 +295,14 @@ def test_torchrun_example_under_torchrun() -> None:
     assert process.returncode == 1, err
     assert "trainparity coverage check: FAIL" in out and "ranks=[0, 1]" in out, out
     assert "First violation: coverage.cross_rank_duplicate" in out, out
+
+
+def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> None:
+    from trainparity._data_parallel import shard_violations
+
+    assert shard_violations(1, [1, 1, 2], [[1], [1, 2]]) == []
+    found = shard_violations(1, [1, 1, 2], [[1], [2, 2]])
+    assert [(v.kind, v.sample_id, v.cause) for v in found] == [
+        ("missing_id", 1, "rank_shard_missing"),
+        ("cross_rank_duplicate", 2, "rank_shard_overlap"),
+    ]

@@ -24,6 +24,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -439,6 +440,8 @@ def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds])
     finding per offending sample, in observation order, then the samples no rank read); its
     findings are told here in data-parallel terms.
     """
+    if len(set(expected)) != len(expected):
+        return _multiset_shard_violations(step, expected, ranks)
     audit = check_coverage({rank: [ids] for rank, ids in enumerate(ranks)}, policy=ExactlyOnce(expected))
     readers: dict[int | str, list[int]] = {}
     for rank, ids in enumerate(ranks):
@@ -468,6 +471,33 @@ def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds])
                 sample_id=sample,
                 rank=reader,
                 position=finding.position,
+            )
+        )
+    return found
+
+
+def _multiset_shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds]) -> list[Violation]:
+    """When the reference's batch itself repeats samples (drawn with replacement), the ranks
+    together must read the same multiset: each sample as often as the reference did."""
+    wanted = Counter(expected)
+    read = Counter(sample for ids in ranks for sample in ids)
+    found = []
+    for sample in dict.fromkeys([*expected, *(s for ids in ranks for s in ids)]):
+        if read[sample] == wanted[sample]:
+            continue
+        kind = "missing_id" if read[sample] < wanted[sample] else "cross_rank_duplicate"
+        found.append(
+            Violation(
+                kind=kind,
+                path="data.sample_ids",
+                message="The ranks' samples together are not the reference's batch.\n"
+                f"Sample {sample!r} was read {read[sample]} times by the ranks and {wanted[sample]} times by the "
+                "reference.",
+                step=step,
+                expected=list(expected),
+                actual=[list(ids) for ids in ranks],
+                cause=SHARD_CAUSES.get(kind),
+                sample_id=sample,
             )
         )
     return found
