@@ -39,7 +39,7 @@ from trainparity._compare import (
     compare_snapshots,
     resolve_comparison,
 )
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._observe import OBSERVATION_LOCK, Observer
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef, _import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation, json_safe
@@ -301,25 +301,12 @@ def check_accumulation(
     outcomes = run_jobs(
         [Job(TASK, reference, "reference", timeout), Job(TASK, candidate, "candidate", timeout)], isolation=isolation
     )
-    failed = _error_result(outcomes, config)
-    if failed is not None:
-        return failed
+    failed = first_error(outcomes)
+    if failed is not None and failed.error is not None:
+        return AccumulationResult.errored(failed.error, config, failed.exception)
     traces = [o.output for o in outcomes if o.output is not None]
     assert len(traces) == 2
     return judge_accumulation(traces[0], traces[1], k, declared, config, allow_batch_dependent)
-
-
-def _error_result(outcomes: Sequence[JobOutcome], config: dict[str, JsonValue]) -> AccumulationResult | None:
-    failed = first_error(outcomes)
-    if failed is None or failed.error is None:
-        return None
-    return AccumulationResult(
-        Outcome.ERROR,
-        config=config,
-        reason=failed.error.headline().splitlines()[0],
-        error=failed.error,
-        exception=failed.exception,
-    )
 
 
 # -- judgement -----------------------------------------------------------------------------------
