@@ -40,6 +40,9 @@ FAULTS = [
     (recipes.Premature, {}, "optimizer_steps", "step_count_mismatch", "premature_step", 1),
     (recipes.SamplesPerStep, {}, "optimizer_steps", "step_count_mismatch", "missing_step", 1),
     (recipes.StepsEveryMicrobatch, {}, "optimizer_steps", "step_count_mismatch", "extra_step", 1),
+    # a step inside the window is observed before the window's declared losses can be summed
+    (recipes.TokenWeightedPremature, {}, "optimizer_steps", "step_count_mismatch", "premature_step", 1),
+    (recipes.TokenWeightedEveryMicrobatch, {}, "optimizer_steps", "step_count_mismatch", "extra_step", 1),
     (recipes.SchedulerPerMicrobatch, {}, "parameters.0.weight", "parameter_mismatch",
      "scheduler_per_microbatch", 1),
     (recipes.ClipPerMicrobatch, {}, "gradients.0.weight", "gradient_mismatch", "clip_per_microbatch", 1),

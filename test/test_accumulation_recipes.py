@@ -506,3 +506,14 @@ class SparseEmbedding(MLP):
         if self.boundary(state):
             self.update(state)
         return loss
+
+
+class TokenWeightedPremature(TokenWeighted):
+    """Declares LossAccounting and steps at the first micro-batch: later losses see stepped parameters."""
+
+    boundary = Premature.boundary
+
+
+class TokenWeightedEveryMicrobatch(TokenWeighted):
+    def boundary(self, state: tp.State) -> bool:
+        return True  # fault: no accumulation at all

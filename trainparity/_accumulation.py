@@ -453,6 +453,10 @@ class _Window:
                 + " but gradients, parameters, optimizer and scheduler state agree with the reference: "
                 "LossAccounting.value should be the loss back-propagated by that call; not failed")
             accounting = []
+        if steps and min(v.position for v in steps if v.position is not None) < self.k - 1:
+            # A step inside the window is observed before the window's losses can be summed, and the
+            # later micro-batches' losses were computed on the stepped parameters: it comes first.
+            return found + accounting, self.notes
         return accounting + found, self.notes
 
     # -- what was returned ------------------------------------------------------------------------

@@ -109,6 +109,13 @@ class TrainParityMixin:
         __tracebackhide__ = True
         return self.assertTrainParity(check_resume(recipe, **kwargs), msg=msg, abstain=abstain)
 
+    def assertAccumulationEquivalent(
+        self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
+    ) -> Result:
+        """`tp.check_accumulation(recipe, **kwargs)` as an assertion."""
+        __tracebackhide__ = True
+        return self.assertTrainParity(check_accumulation(recipe, **kwargs), msg=msg, abstain=abstain)
+
     def assertCoverage(
         self, ranks: Any, *, policy: Any, sample_ids: Any = None, msg: Message = None, abstain: str = "fail",
         **kwargs: Any
@@ -117,13 +124,6 @@ class TrainParityMixin:
         __tracebackhide__ = True
         result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, **kwargs)
         return self.assertTrainParity(result, msg=msg, abstain=abstain)
-
-    def assertAccumulationEquivalent(
-        self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
-    ) -> Result:
-        """`tp.check_accumulation(recipe, **kwargs)` as an assertion."""
-        __tracebackhide__ = True
-        return self.assertTrainParity(check_accumulation(recipe, **kwargs), msg=msg, abstain=abstain)
 
     def assertDataParallelEquivalent(
         self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
