@@ -41,7 +41,7 @@ from trainparity._compare import (
 )
 from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._observe import OBSERVATION_LOCK, Observer
-from trainparity._recipe import LossAccounting, Recipe, RecipeRef, _import_attribute, resolve_recipe
+from trainparity._recipe import LossAccounting, Recipe, RecipeRef, import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation, json_safe
 from trainparity._snapshot import snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch, validate_microbatches
@@ -179,7 +179,7 @@ def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:
             return split_batch(batch, payload.microbatches)
         except ValueError as error:
             raise _InputError(str(error)) from None
-    split = payload.split if callable(payload.split) else _import_attribute(*payload.split.split(":", 1))
+    split = payload.split if callable(payload.split) else import_attribute(*payload.split.split(":", 1))
     parts = split(batch, payload.microbatches)
     if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or len(parts) != k:
         got = f"{len(parts)} parts" if isinstance(parts, Sequence) else type(parts).__name__
@@ -229,7 +229,7 @@ def _split_reference(split: object) -> str | None:
     if not module or "<" in qualname:
         return None
     try:
-        return f"{module}:{qualname}" if _import_attribute(module, qualname) is split else None
+        return f"{module}:{qualname}" if import_attribute(module, qualname) is split else None
     except (ImportError, AttributeError):
         return None
 

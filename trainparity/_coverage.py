@@ -135,11 +135,8 @@ class _UserCodeFailed(Exception):
         self.error, self.phase, self.rank = error, phase, rank
 
     def result(self, config: dict[str, Any]) -> CoverageResult:
-        record = error_record(self.error)
-        error = ChildError("raised", self.phase, record["message"], record["exc_type"], record["traceback"],
-                           rank=self.rank)
-        return CoverageResult(Outcome.ERROR, config=config, reason=error.headline().splitlines()[0], error=error,
-                              exception=self.error)
+        error = ChildError.raised(error_record(self.error), self.phase, self.rank)
+        return CoverageResult.errored(error, config, self.error)
 
 
 class _IdBuffer:

@@ -217,9 +217,7 @@ def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number:
         return JobOutcome(
             job.phase,
             None,
-            ChildError(
-                "raised", job.phase, record["message"], record["exc_type"], record["traceback"], rank=job.rank
-            ),
+            ChildError.raised(record, job.phase, job.rank),
         )
     if signal_number:
         name = signal.Signals(signal_number).name
@@ -267,11 +265,7 @@ def _run_inprocess(job: Job) -> JobOutcome:
     try:
         return JobOutcome(job.phase, load_task(job.task)(job.payload, workdir))
     except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
-        record = error_record(error)
-        child_error = ChildError(
-            "raised", job.phase, record["message"], record["exc_type"], record["traceback"], rank=job.rank
-        )
-        return JobOutcome(job.phase, None, child_error, exception=error)
+        return JobOutcome(job.phase, None, ChildError.raised(error_record(error), job.phase, job.rank), exception=error)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -121,7 +121,7 @@ class RecipeRef:
             for part in self.qualname.split(".")[1:]:
                 obj = getattr(obj, part)
         else:
-            obj = _import_attribute(self.module, self.qualname)
+            obj = import_attribute(self.module, self.qualname)
         if not (isinstance(obj, type) and issubclass(obj, Recipe)):
             raise TypeError(f"{self.module}:{self.qualname} is not a tp.Recipe subclass")
         return obj
@@ -142,7 +142,7 @@ class RecipeRef:
         return dataclasses.replace(self, arguments=pickle.dumps((args, {**kwargs, **overrides})))
 
 
-def _import_attribute(module_name: str, qualname: str) -> Any:
+def import_attribute(module_name: str, qualname: str) -> Any:
     module = importlib.import_module(module_name)
     obj: Any = module
     for part in qualname.split("."):
@@ -161,7 +161,7 @@ def resolve_recipe(recipe: object) -> RecipeRef:
         if not sep or not module_name or not qualname:
             raise ValueError(f"a recipe spec looks like 'package.module:ClassName', got {recipe!r}")
         try:
-            obj = _import_attribute(module_name, qualname)
+            obj = import_attribute(module_name, qualname)
         except ImportError as error:
             raise ValueError(f"cannot import module {module_name!r} for recipe {recipe!r}: {error}") from error
         except AttributeError:

@@ -71,6 +71,11 @@ class ChildError:
     signal: str | None = None
     rank: int | None = None
 
+    @classmethod
+    def raised(cls, record: dict[str, str], phase: str, rank: int | None = None) -> ChildError:
+        """From `_child.error_record`: the recipe's exception as type name, message and traceback."""
+        return cls("raised", phase, record["message"], record["exc_type"], record["traceback"], rank=rank)
+
     def to_dict(self) -> dict[str, JsonValue]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
