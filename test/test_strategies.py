@@ -117,3 +117,31 @@ class TestStrategies(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def test_rank_layout_finds_a_sampler_sharded_by_local_rank() -> None:
+    """A sampler built with LOCAL_RANK is right on one node and wrong on several: the layout draw finds it."""
+
+    def shards_by_local_rank(cfg: SamplerConfig) -> dict[int, list[int]]:
+        return {rank: list(range(cfg.local_rank(rank), cfg.dataset_size, cfg.world_size))
+                for rank in range(cfg.world_size)}
+
+    def fails(cfg: SamplerConfig) -> bool:
+        return not tp.check_coverage({r: [ids] for r, ids in shards_by_local_rank(cfg).items()},
+                                     policy=tp.ExactlyOnce(cfg.universe)).passed
+
+    one_node = config(8, 4)
+    assert not fails(one_node) and one_node.ranks_per_node == 4
+    found = find(tps.sampler_configs(max_workers=0), fails, settings=settings(max_examples=500, database=None))
+    assert found.nodes > 1 and found.world_size % found.nodes == 0
+    assert [found.local_rank(r) for r in range(found.world_size)] == [
+        r % found.ranks_per_node for r in range(found.world_size)
+    ]
+
+
+def test_rank_layout_must_divide_the_world() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match=r"SamplerConfig\(nodes=3\) must divide world_size=4"):
+        SamplerConfig(8, 4, 1, False, False, 0, 1, 0, nodes=3)
+    assert SamplerConfig(8, 4, 1, False, False, 0, 1, 0, nodes=2).node(3) == 1

@@ -66,6 +66,24 @@ class SamplerConfig:
     seed: int
     epochs: int
     num_workers: int
+    #: the rank layout: `world_size` ranks on `nodes` nodes of `ranks_per_node` ranks each (rank =
+    #: node * ranks_per_node + local_rank, as torchrun numbers them)
+    nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(f"SamplerConfig(nodes={self.nodes}) must divide world_size={self.world_size}")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
+
+    def local_rank(self, rank: int) -> int:
+        """The rank's index on its node (torchrun's LOCAL_RANK): what a sampler must not shard by."""
+        return rank % self.ranks_per_node
+
+    def node(self, rank: int) -> int:
+        return rank // self.ranks_per_node
 
     @property
     def universe(self) -> range:
@@ -103,12 +121,13 @@ def sampler_configs(
     drop_last: bool | None = None,
     shuffle: bool | None = None,
 ) -> SamplerConfig:
-    """Sampling setups: dataset size 0..64 (0 and 1 included), world size 1..8, batch size 1 to past the
-    dataset size, drop_last, shuffle, seed, epochs 1..3, DataLoader workers 0..2.
+    """Sampling setups: dataset size 0..64 (0 and 1 included), world size 1..8 laid out on 1 or more
+    nodes, batch size 1 to past the dataset size, drop_last, shuffle, seed, epochs 1..3, DataLoader
+    workers 0..2.
 
     The keyword arguments bound the ranges; `drop_last=` and `shuffle=` fix those flags.
     Shrinks towards the smallest dataset, one rank, batch size 1, drop_last=False, no
-    shuffle, seed 0, the fewest epochs and no workers.
+    shuffle, seed 0, the fewest epochs, no workers and one node.
     """
     if not 0 <= min_dataset_size <= max_dataset_size:
         raise ValueError(f"sampler_configs() needs 0 <= min_dataset_size <= max_dataset_size, got {min_dataset_size}"
@@ -119,15 +138,17 @@ def sampler_configs(
         raise ValueError(f"sampler_configs() needs max_world_size >= 1 and max_workers >= 0, got {max_world_size} "
                          f"and {max_workers}")
     dataset_size = draw(st.integers(min_dataset_size, max_dataset_size), label="dataset_size")
+    world_size = draw(st.integers(1, max_world_size), label="world_size")
     return SamplerConfig(
         dataset_size=dataset_size,
-        world_size=draw(st.integers(1, max_world_size), label="world_size"),
+        world_size=world_size,
         batch_size=draw(st.integers(1, dataset_size + 2), label="batch_size"),
         drop_last=draw(st.booleans(), label="drop_last") if drop_last is None else drop_last,
         shuffle=draw(st.booleans(), label="shuffle") if shuffle is None else shuffle,
         seed=draw(st.integers(0, 2**16), label="seed"),
         epochs=draw(st.integers(min_epochs, max_epochs), label="epochs"),
         num_workers=draw(st.integers(0, max_workers), label="num_workers"),
+        nodes=draw(st.sampled_from([n for n in range(1, world_size + 1) if world_size % n == 0]), label="nodes"),
     )
 
 
