@@ -7,6 +7,8 @@ says "Failed to substitute string"), then read the diff.
 
 from __future__ import annotations
 
+import re
+
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
@@ -370,3 +372,21 @@ Notes:
 trainparity resume check: ERROR
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='load_returns_dict')", resume_at=3, seed=0, steps=6
 reason: resumed: the recipe raised TypeError: ResumeRecipe.load() must return a tp.State, got dict""")
+
+    def test_nondeterministic_baseline(self) -> None:
+        # The values are random on every run: mask them, keep everything else.
+        text = re.sub(r"-?\d+\.\d+(e-?\d+)?", "<float>", report("nondeterministic"))
+        self.assertExpectedInline(text, """\
+trainparity resume check: ABSTAIN
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='nondeterministic')", resume_at=3, seed=0, steps=6
+reason: baseline not reproducible: loss differs at step 1
+
+First violation: loss (step 1, kind: nondeterministic_baseline, cause: baseline_nondeterministic)
+  Two uninterrupted runs differ at step 1: the recipe is not reproducible, so resume equivalence cannot be judged.
+  Scalars are not equal!
+
+  Expected <float> but got <float>.
+  Absolute difference: <float> (up to 0 allowed)
+  Relative difference: <float> (up to 0 allowed)
+  expected: <float>
+  actual:   <float>""")
