@@ -306,3 +306,17 @@ def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> 
         ("missing_id", 1, "rank_shard_missing"),
         ("cross_rank_duplicate", 2, "rank_shard_overlap"),
     ]
+
+
+def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
+    from trainparity._data_parallel import judge_data_parallel
+
+    def trace(*steps: list[int]) -> dict[str, Any]:
+        return {"optimizers": 1, "steps": [
+            {"step": i, "sample_ids": ids, "gradients": {}, "parameters": {}} for i, ids in enumerate(steps, 1)]}
+
+    result = judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    assert [(v.kind, v.sample_id, v.step) for v in result.violations] == [
+        ("missing_id", 1, 1), ("cross_rank_duplicate", 2, 1)]
+    assert judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([1, 2])], tp.ExactComparison(), {}).passed
