@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import multiprocessing
 import unittest
 
 import numpy as np
@@ -356,6 +357,29 @@ class TestInputs(unittest.TestCase):
         assert result.error is not None
         self.assertEqual((result.error.phase, result.error.exc_type), ("sample_ids() at epoch 0, rank 0, batch 0",
                                                                        "TypeError"))
+
+    def test_an_error_result_does_not_keep_the_users_iterators_alive(self) -> None:
+        closed = []
+
+        def batches():  # type: ignore[no-untyped-def]
+            try:
+                yield from ([i] for i in range(10))
+            finally:
+                closed.append(True)
+
+        def ids(batch):  # type: ignore[no-untyped-def]
+            if int(batch[0]) == 2:
+                raise RuntimeError("bad batch")
+            return batch
+
+        result = tp.check_coverage({0: batches()}, policy=tp.NoCrossRankOverlap(), sample_ids=ids)
+        self.assertEqual(result.outcome, tp.Outcome.ERROR)
+        self.assertEqual(closed, [True])  # the generator's cleanup ran, though the result keeps the traceback
+        loader = DataLoader(IndexDataset(16), batch_size=2, num_workers=1)
+        before = set(multiprocessing.active_children())
+        result = tp.check_coverage({0: loader}, policy=tp.NoCrossRankOverlap(), sample_ids=ids)
+        self.assertEqual(result.outcome, tp.Outcome.ERROR)
+        self.assertEqual(set(multiprocessing.active_children()) - before, set())  # the DataLoader's worker stopped
 
 
 class TestQuickstart(unittest.TestCase):

@@ -179,37 +179,45 @@ def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> 
             except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
                 raise _UserCodeFailed(error, phase, int(rank)) from error
             index = 0
-            while True:
-                where = f"{phase}, batch {index}"
-                try:
-                    batch = next(iterator)
-                except StopIteration:
-                    break
-                except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
-                    raise _UserCodeFailed(error, where, int(rank)) from error
-                worker = None
-                if isinstance(batch, WorkerBatch):
-                    batch, worker = batch.batch, batch.worker
-                if sample_ids is None:
-                    ids = batch
-                else:
+            try:
+                while True:
+                    where = f"{phase}, batch {index}"
                     try:
-                        ids = sample_ids(batch)
-                    except Exception as error:  # noqa: BLE001 - the user's sample_ids failed: an ERROR result
-                        raise _UserCodeFailed(error, f"sample_ids() at {where}", int(rank)) from error
-                array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
-                if len(array):
-                    kind = "str" if array.dtype.kind == "U" else "int"
-                    if first_kind is None:
-                        first_kind = (kind, where)
-                    elif kind != first_kind[0]:
-                        raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
-                                        f"{first_kind[0]} IDs; IDs must be all ints or all strings")
-                    buffer.append(array)
-                batch_starts.append(total)
-                batch_workers.append(_worker(worker, where))
-                total += len(array)
-                index += 1
+                        batch = next(iterator)
+                    except StopIteration:
+                        break
+                    except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
+                        raise _UserCodeFailed(error, where, int(rank)) from error
+                    worker = None
+                    if isinstance(batch, WorkerBatch):
+                        batch, worker = batch.batch, batch.worker
+                    if sample_ids is None:
+                        ids = batch
+                    else:
+                        try:
+                            ids = sample_ids(batch)
+                        except Exception as error:  # noqa: BLE001 - the user's sample_ids failed: an ERROR result
+                            raise _UserCodeFailed(error, f"sample_ids() at {where}", int(rank)) from error
+                    array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
+                    if len(array):
+                        kind = "str" if array.dtype.kind == "U" else "int"
+                        if first_kind is None:
+                            first_kind = (kind, where)
+                        elif kind != first_kind[0]:
+                            raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
+                                            f"{first_kind[0]} IDs; IDs must be all ints or all strings")
+                        buffer.append(array)
+                    batch_starts.append(total)
+                    batch_workers.append(_worker(worker, where))
+                    total += len(array)
+                    index += 1
+            finally:
+                # On an error, the traceback the result keeps holds this frame: release the iterator now, so
+                # that a DataLoader's workers stop (and a generator's cleanup runs) instead of living on with it.
+                close = getattr(iterator, "close", None)
+                if callable(close):
+                    close()
+                del iterator, close
             segment_starts.append(total)
             segment_window.append(window)
             segment_rank.append(int(rank))
