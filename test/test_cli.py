@@ -72,3 +72,13 @@ def test_argument_errors_exit_4() -> None:
     with pytest.raises(SystemExit) as caught:
         main(["resume"])
     assert caught.value.code == 4
+
+
+def test_unwritable_json_path_is_a_usage_error(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "missing" / "result.json"
+    argv = ["resume", "resume_recipes:ResumeRecipe", "--steps", "3", "--isolation", "inprocess", "--json", str(target)]
+    assert main(argv) == 4
+    out, err = capsys.readouterr()
+    assert out.startswith("trainparity resume check: PASS\n")
+    assert err == (f"python -m trainparity resume: error: cannot write --json {target}: No such file or directory; "
+                   "pass a path in an existing, writable directory\n")

@@ -114,5 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_ERROR
     print(result.report())
     if args.json is not None:
-        args.json.write_text(result.to_json() + "\n")
+        try:
+            args.json.write_text(result.to_json() + "\n")
+        except OSError as error:  # not exit status 1 with a traceback: 1 means FAIL
+            print(f"python -m trainparity {args.command}: error: cannot write --json {args.json}: "
+                  f"{error.strerror or error}; pass a path in an existing, writable directory", file=sys.stderr)
+            return USAGE_ERROR
     return EXIT_CODES[result.outcome]
