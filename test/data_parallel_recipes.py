@@ -117,3 +117,15 @@ class UnobservedRecipe(DDPRecipe):
                 parameter -= 0.1 * parameter.grad
                 parameter.grad = None
         return loss.detach()
+
+
+class NestedRecipe(DDPRecipe):
+    """The model in a list entry and the optimizer in a dict entry of the State (`models.0`, `optimizers.main`)."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        return tp.State(models=[state.model], optimizers={"main": state.optimizer}, loader=state.loader)
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        flat = tp.State(model=state.models[0], optimizer=state.optimizers["main"])
+        return super().step(flat, batch)

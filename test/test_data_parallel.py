@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from data_parallel_recipes import DDPRecipe, UnobservedRecipe
+from data_parallel_recipes import DDPRecipe, NestedRecipe, UnobservedRecipe
 from process_helpers import still_running
 
 import trainparity as tp
@@ -64,6 +64,13 @@ def test_what_cannot_be_observed_is_noted() -> None:
         "data stream not checked: the recipe's sample_ids() returns None.",
         "gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.",
     ]
+
+
+def test_model_and_optimizer_inside_list_and_dict_entries_are_observed() -> None:
+    result = tp.check_data_parallel(NestedRecipe(fault="grads_summed"), steps=1, timeout=60)
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    first = result.first_violation
+    assert first is not None and (first.path, first.cause) == ("gradients.fc1.weight", "loss_not_averaged")
 
 
 def test_spawned_interpreters_agree() -> None:

@@ -50,7 +50,7 @@ from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate
 from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._snapshot import to_leaf
-from trainparity._state import State, parameter_names, seed_everything
+from trainparity._state import State, parameter_names, seed_everything, state_objects
 from trainparity._trace import SampleIds, normalize_sample_ids, require_state
 
 TASK = "trainparity._data_parallel:run_rank"
@@ -145,7 +145,7 @@ def _run_rank(payload: RankPayload) -> dict[str, Any]:
     recipe = payload.recipe.build()
     seed_everything(payload.seed)
     state = require_state(recipe.setup(), recipe, "setup")
-    optimizers = [state[name] for name in state if isinstance(state[name], torch.optim.Optimizer)]
+    optimizers = [optimizer for _, optimizer in state_objects(state, torch.optim.Optimizer)]
     steps = list(record_steps(recipe, state, optimizers, payload.steps))
     # On success only: after an error the process exits at once, which tells the peers just as well.
     dist.barrier()
@@ -160,14 +160,18 @@ def unwrapped_parameters(state: State) -> dict[str, nn.Parameter]:
     names = parameter_names(unwrapped)
     return {
         names[id(p)]: p
-        for name in unwrapped
-        if isinstance(unwrapped[name], nn.Module)
-        for p in unwrapped[name].parameters()
+        for _, module in state_objects(unwrapped, nn.Module)
+        for p in module.parameters()
         if id(p) in names
     }
 
 
 def _unwrap(value: Any) -> Any:
+    """The module inside a DDP wrapper, also in a list or dict entry (where `state_objects` looks)."""
+    if isinstance(value, dict):
+        return {key: _unwrap(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_unwrap(item) for item in value]
     return value.module if isinstance(value, WRAPPERS) else value
 
 
