@@ -137,10 +137,6 @@ class RecipeRef:
                 raise TypeError(f"{self.name} could not be built with {names}: {error}") from error
             raise
 
-    def with_overrides(self, **overrides: Any) -> RecipeRef:
-        args, kwargs = pickle.loads(self.arguments)
-        return dataclasses.replace(self, arguments=pickle.dumps((args, {**kwargs, **overrides})))
-
 
 def import_attribute(module_name: str, qualname: str) -> Any:
     module = importlib.import_module(module_name)
