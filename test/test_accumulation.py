@@ -232,6 +232,13 @@ def test_recipe_error_is_an_error_result() -> None:
     assert isinstance(result.exception, ValueError)
 
 
+def test_batches_that_run_out_are_an_error_naming_the_window() -> None:
+    result = check(recipes.OneBatch, cycles=2)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and (result.error.phase, result.error.message) == (
+        "reference", "OneBatch.batches() ran out of batches at window 2")
+
+
 def test_process_isolation() -> None:
     result = check(recipes.NotScaled, isolation="process", timeout=60)
     assert result.first_violation is not None and result.first_violation.cause == "loss_not_scaled"

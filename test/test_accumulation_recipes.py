@@ -517,3 +517,10 @@ class TokenWeightedPremature(TokenWeighted):
 class TokenWeightedEveryMicrobatch(TokenWeighted):
     def boundary(self, state: tp.State) -> bool:
         return True  # fault: no accumulation at all
+
+
+class OneBatch(MLP):
+    """batches() yields a single full batch: too few for two windows."""
+
+    def batches(self, state: tp.State) -> Any:
+        return iter([next(iter(state.loader))])

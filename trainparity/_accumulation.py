@@ -46,7 +46,7 @@ from trainparity._result import AccumulationResult, JsonValue, Outcome, Violatio
 from trainparity._snapshot import snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch, validate_microbatches
 from trainparity._state import seed_everything
-from trainparity._trace import loss_value, require_state
+from trainparity._trace import loss_value, next_batch, require_state
 
 TASK = "trainparity._accumulation:accumulation_run"
 #: relative (normwise) tolerance for testing a diagnosis against what was observed; never the verdict
@@ -123,10 +123,7 @@ def _observe_windows(
     name = type(recipe).__name__
     out: list[dict[str, Any]] = []
     for window in range(1, payload.cycles + 1):
-        try:
-            batch = next(batches)
-        except StopIteration:
-            raise RuntimeError(f"{name}.batches() ran out of batches at window {window}") from None
+        batch = next_batch(batches, recipe, f"window {window}")
         record = {path: to_leaf(leaf) for path, leaf in leaves(batch)}
         if payload.microbatches is None:
             observer.zero_grad()

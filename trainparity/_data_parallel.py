@@ -51,7 +51,7 @@ from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._snapshot import to_leaf
 from trainparity._state import State, parameter_names, seed_everything, state_objects
-from trainparity._trace import SampleIds, normalize_sample_ids, require_state
+from trainparity._trace import SampleIds, next_batch, normalize_sample_ids, require_state
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"
@@ -195,10 +195,7 @@ def record_steps(
     try:
         batches = iter(recipe.batches(state))
         for step in range(1, steps + 1):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise RuntimeError(f"{name}.batches() ran out of batches at step {step}") from None
+            batch = next_batch(batches, recipe, f"step {step}")
             ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
             gradients.clear()
             recipe.step(state, batch)

@@ -129,15 +129,20 @@ def require_state(state: Any, recipe: Recipe, method: str) -> State:
     return state
 
 
+def next_batch(batches: Iterator[Any], recipe: Recipe, at: str) -> Any:
+    """The next batch; a recipe whose batches() runs out before the check is done raises, saying where."""
+    try:
+        return next(batches)
+    except StopIteration:
+        raise RuntimeError(f"{type(recipe).__name__}.batches() ran out of batches at {at}") from None
+
+
 def record_steps(recipe: Recipe, state: State, first: int, last: int) -> Iterator[StepRecord]:
     """Train steps `first..last` (1-based, inclusive), yielding a record after each."""
     batches = iter(recipe.batches(state))
     name = type(recipe).__name__
     for step in range(first, last + 1):
-        try:
-            batch = next(batches)
-        except StopIteration:
-            raise RuntimeError(f"{name}.batches() ran out of batches at step {step}") from None
+        batch = next_batch(batches, recipe, f"step {step}")
         rng = snapshot_rng()
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
