@@ -308,11 +308,19 @@ class TestInputs(unittest.TestCase):
             ([torch.tensor([0.0])], "batch 0: sample IDs must be integers or strings, got a torch.float32 tensor"),
             ([[0], ["a"]], "batch 1 has str IDs but epoch 0, rank 0, batch 0 has int IDs"),
             ([3.5], "batch 0: sample_ids() must return a sequence of IDs, got float"),
+            # a batch of several fields, passed without sample_ids=: its keys or fields are not IDs
+            ([{"idx": torch.tensor([0, 1]), "x": torch.zeros(2)}], "got a dict with keys ['idx', 'x']; extract the "
+             "IDs from the batch with sample_ids, e.g. lambda batch: batch['idx']"),
+            ([(torch.tensor([0, 1]), torch.zeros(2))], "IDs must be ints or strings; a batch of several fields? "
+             "extract the IDs with sample_ids, e.g. lambda batch: batch[0]"),
         ]
         for batches, message in cases:
             with self.subTest(message), self.assertRaises(TypeError) as caught:
                 tp.check_coverage({0: batches}, policy=tp.NoCrossRankOverlap())
             self.assertIn(message, str(caught.exception))
+
+    def test_a_mapping_universe_is_its_keys(self) -> None:
+        self.assertTrue(tp.check_coverage({0: [[0, 1]]}, policy=tp.ExactlyOnce({0: "a", 1: "b"})).passed)
 
     def test_universe_and_ids_of_different_kinds(self) -> None:
         with self.assertRaisesRegex(TypeError, "the universe holds int IDs but the observed IDs are strs"):

@@ -7,7 +7,7 @@ check, and the audit (`_coverage_audit.py`) judges every policy in one pass.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any, ClassVar
 
 import numpy as np
@@ -103,7 +103,8 @@ def _validated_universe(universe: object, policy: str) -> UniverseLike:
     if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
         raise TypeError(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or None, "
                         f"got {type(universe).__name__}")
-    if iter(universe) is universe or not isinstance(universe, Sized):  # keep a one-shot iterator's IDs for reuse
+    # A one-shot iterator's IDs are kept for reuse; a mapping's IDs are its keys.
+    if iter(universe) is universe or not isinstance(universe, Sized) or isinstance(universe, Mapping):
         return list(universe)
     return universe
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -71,6 +71,11 @@ def sample_id_array(ids: Any, where: str) -> np.ndarray[Any, Any]:
         if ids.dtype.kind != "O":
             raise TypeError(f"{where}: sample IDs must be integers or strings, got an array of {ids.dtype}")
         ids = ids.reshape(-1).tolist()
+    if isinstance(ids, Mapping):  # iterating it would take its keys (field names) for IDs
+        keys = list(ids)
+        example = f"lambda batch: batch[{keys[0]!r}]" if keys else "lambda batch: batch[...]"
+        raise TypeError(f"{where}: sample IDs must be a sequence of ints or strings, got a {type(ids).__name__} with "
+                        f"keys {keys[:8]}; extract the IDs from the batch with sample_ids, e.g. {example}")
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise TypeError(f"{where}: sample_ids() must return a sequence of IDs, got {type(ids).__name__}")
     values = ids if isinstance(ids, (list, tuple)) else list(ids)
@@ -94,9 +99,12 @@ def _checked_id_array(values: list[Any] | tuple[Any, ...], where: str) -> np.nda
         ):
             value = int(value)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
+            fields = isinstance(value, (torch.Tensor, np.ndarray, list, tuple, dict))
             raise TypeError(
                 f"{where}: sample ID at position {position} is {type(value).__name__} {value!r}; "
                 "IDs must be ints or strings"
+                + ("; a batch of several fields? extract the IDs with sample_ids, e.g. lambda batch: batch[0]"
+                   if fields else "")
             )
         if out and isinstance(value, str) != isinstance(out[0], str):
             raise TypeError(
