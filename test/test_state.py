@@ -101,3 +101,15 @@ def test_load_rejects_foreign_files(tmp_path: pathlib.Path) -> None:
     torch.save({"something": 1}, tmp_path / "other")
     with pytest.raises(ValueError, match="was not written by tp.save_state"):
         tp.load_state(tp.State(x=1), tmp_path / "other")
+
+
+def test_default_batches_set_the_epoch_on_a_sampler_behind_a_batch_sampler() -> None:
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler
+
+    dataset = list(range(16))
+    sampler = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=3)
+    loader = DataLoader(dataset, batch_sampler=BatchSampler(sampler, batch_size=16, drop_last=False))
+    batches = iter(tp.Recipe().batches(tp.State(loader=loader)))
+    first, second = next(batches).tolist(), next(batches).tolist()
+    assert sorted(first) == sorted(second) == dataset
+    assert first != second  # epoch 1 was shuffled with seed + 1, as a training loop's set_epoch(1) asks

@@ -55,7 +55,8 @@ class Recipe:
     def batches(self, state: State) -> Iterable[Any]:
         """The batches to train on; by default `state.loader`, epoch after epoch.
 
-        A sampler with `set_epoch` (DistributedSampler) is told each epoch's number.
+        A sampler with `set_epoch` (DistributedSampler, also behind a batch sampler) is told each
+        epoch's number.
         """
         if "loader" not in state:
             raise NotImplementedError(
@@ -80,12 +81,21 @@ class Recipe:
         return load_state(self.setup(), path)
 
 
+def set_sampler_epoch(source: object, epoch: int) -> None:
+    """Call `set_epoch(epoch)` on the first of `source`, its `.sampler`, its `.batch_sampler` or its
+    `.batch_sampler.sampler` that has one (a DistributedSampler behind a DataLoader), as a training loop does."""
+    batch_sampler = getattr(source, "batch_sampler", None)
+    for target in (source, getattr(source, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        set_epoch = getattr(target, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+            return
+
+
 def _epochs(loader: Any) -> Iterator[Any]:
     epoch = 0
     while True:
-        set_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
+        set_sampler_epoch(loader, epoch)
         empty = True
         for batch in loader:
             empty = False

@@ -34,6 +34,7 @@ from trainparity._coverage_policy import (
     NoCrossRankOverlap,
 )
 from trainparity._coverage_record import tag_workers
+from trainparity._recipe import set_sampler_epoch
 
 __all__ = [
     "ORDER_MIN_SAMPLES",
@@ -191,15 +192,6 @@ def data_loaders(cfg: SamplerConfig) -> dict[int, DataLoader[int]]:
     }
 
 
-def _set_epoch(source: object, epoch: int) -> None:
-    batch_sampler = getattr(source, "batch_sampler", None)
-    for target in (source, getattr(source, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
-        set_epoch = getattr(target, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-            return
-
-
 def epoch_windows(
     ranks: Mapping[int, Iterable[Any]], epochs: int, *, set_epoch: bool = True
 ) -> list[dict[int, list[Any]]]:
@@ -214,7 +206,7 @@ def epoch_windows(
         window = {}
         for rank, source in ranks.items():
             if set_epoch:
-                _set_epoch(source, epoch)
+                set_sampler_epoch(source, epoch)
             window[rank] = list(source)
         windows.append(window)
     return windows
