@@ -389,6 +389,32 @@ class TestInputs(unittest.TestCase):
         self.assertEqual(result.outcome, tp.Outcome.ERROR)
         self.assertEqual(set(multiprocessing.active_children()) - before, set())  # the DataLoader's worker stopped
 
+    def test_an_iterable_that_is_its_own_iterator_is_not_closed_between_epochs(self) -> None:
+        class Stream:
+            """Restarts on iter(); close() ends it for good (as a streaming loader that owns a pool might)."""
+
+            def __init__(self) -> None:
+                self.position, self.closed = 0, False
+
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                self.position = 0
+                return self
+
+            def __next__(self) -> list[int]:
+                if self.closed:
+                    raise RuntimeError("closed")
+                if self.position == 2:
+                    raise StopIteration
+                self.position += 1
+                return [self.position - 1]
+
+            def close(self) -> None:
+                self.closed = True
+
+        stream = Stream()
+        result = tp.check_coverage([{0: stream}, {0: stream}], policy=tp.ExactlyOnce(range(2)))
+        self.assertTrue(result.passed, result.report())
+
 
 class TestQuickstart(unittest.TestCase):
     def test_clean_setup_passes_and_same_shard_fails(self) -> None:

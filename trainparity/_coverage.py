@@ -10,6 +10,7 @@ result; IDs that are not ints or strings are a TypeError naming the batch and po
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -214,10 +215,10 @@ def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> 
             finally:
                 # On an error, the traceback the result keeps holds this frame: release the iterator now, so
                 # that a DataLoader's workers stop (and a generator's cleanup runs) instead of living on with it.
-                close = getattr(iterator, "close", None)
-                if callable(close):
-                    close()
-                del iterator, close
+                # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
+                if isinstance(iterator, types.GeneratorType):
+                    iterator.close()
+                del iterator
             segment_starts.append(total)
             segment_window.append(window)
             segment_rank.append(int(rank))
