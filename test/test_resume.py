@@ -206,6 +206,13 @@ class MixinTest(tp.TestCase):
         with self.assertRaisesRegex(ValueError, "abstain= must be 'fail' or 'skip'"):
             self.assertResumeEquivalent(ResumeRecipe, steps=3, abstain="ignore", timeout=60)
 
+    def test_options_are_checked_before_the_check_runs(self) -> None:
+        # Were the check run first, its ERROR would re-raise the recipe's ValueError instead.
+        with self.assertRaisesRegex(TypeError, "msg= must be a string or a callable taking the report, got int"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="raises"), steps=3, msg=42, timeout=60)  # type: ignore
+        with self.assertRaisesRegex(ValueError, "abstain= must be 'fail' or 'skip', got 'ignore'"):
+            self.assertResumeEquivalent(ResumeRecipe(fault="raises"), steps=3, abstain="ignore", timeout=60)
+
     def test_error_reraises_the_users_exception(self) -> None:
         with self.assertRaises(ValueError) as caught:
             self.assertResumeEquivalent(ResumeRecipe(fault="raises"), steps=3, timeout=60)
@@ -227,3 +234,14 @@ class PlainUnittestMixinTest(tp.TrainParityMixin, unittest.TestCase):
             self.assertResumeEquivalent(ResumeRecipe(fault="ema"), steps=3, timeout=60)
         with self.assertRaises(unittest.SkipTest):
             self.assertResumeEquivalent(ResumeRecipe(fault="nondeterministic"), steps=3, abstain="skip", timeout=60)
+
+
+def test_numpy_losses_are_accepted() -> None:
+    import numpy as np
+
+    from trainparity._trace import loss_value
+
+    assert loss_value(np.float32(0.5), "here") == 0.5
+    assert loss_value(np.int64(2), "here") == 2.0
+    with pytest.raises(TypeError, match="here: step\\(\\) must return a loss"):
+        loss_value("0.5", "here")

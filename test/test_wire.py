@@ -46,3 +46,4 @@ def test_round_trip(tmp_path: pathlib.Path) -> None:
 def test_refuses_what_it_cannot_carry(value: object, tmp_path: pathlib.Path) -> None:
     with pytest.raises(TypeError, match="between processes"):
         wire.dump(value, tmp_path / "out.bin")
+

@@ -61,15 +61,20 @@ def raise_for_error(result: Result) -> None:
     raise cls(result.report(), error)
 
 
+def _validate_options(msg: object, abstain: object) -> None:
+    if abstain not in ABSTAIN_MODES:
+        raise ValueError(f"abstain= must be 'fail' or 'skip', got {abstain!r}")
+    if not (msg is None or isinstance(msg, str) or callable(msg)):
+        raise TypeError(f"msg= must be a string or a callable taking the report, got {type(msg).__name__}")
+
+
 def _render(result: Result, msg: Message) -> str:
     report = result.report()
     if msg is None:
         return report
     if callable(msg):
         return msg(report)
-    if isinstance(msg, str):
-        return msg
-    raise TypeError(f"msg= must be a string or a callable taking the report, got {type(msg).__name__}")
+    return msg
 
 
 class TrainParityMixin:
@@ -89,8 +94,7 @@ class TrainParityMixin:
     def assertTrainParity(self, result: R, *, msg: Message = None, abstain: str = "fail") -> R:
         """Assert on a result you already have (the shared rule every assert* follows)."""
         __tracebackhide__ = True
-        if abstain not in ABSTAIN_MODES:
-            raise ValueError(f"abstain= must be 'fail' or 'skip', got {abstain!r}")
+        _validate_options(msg, abstain)
         if not isinstance(result, Result):
             raise TypeError(f"expected a trainparity result, got {type(result).__name__}")
         if result.outcome is Outcome.PASS:
@@ -102,19 +106,24 @@ class TrainParityMixin:
             return result
         raise self.failureException(_render(result, msg))
 
+    def _assert_check(self, check: Callable[[], R], msg: Message, abstain: str) -> R:
+        __tracebackhide__ = True
+        _validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
+        return self.assertTrainParity(check(), msg=msg, abstain=abstain)
+
     def assertResumeEquivalent(
         self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
     ) -> Result:
         """`tp.check_resume(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
-        return self.assertTrainParity(check_resume(recipe, **kwargs), msg=msg, abstain=abstain)
+        return self._assert_check(lambda: check_resume(recipe, **kwargs), msg, abstain)
 
     def assertAccumulationEquivalent(
         self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
     ) -> Result:
         """`tp.check_accumulation(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
-        return self.assertTrainParity(check_accumulation(recipe, **kwargs), msg=msg, abstain=abstain)
+        return self._assert_check(lambda: check_accumulation(recipe, **kwargs), msg, abstain)
 
     def assertCoverage(
         self, ranks: Any, *, policy: Any, sample_ids: Any = None, msg: Message = None, abstain: str = "fail",
@@ -122,15 +131,16 @@ class TrainParityMixin:
     ) -> Result:
         """`tp.check_coverage(ranks, policy=..., sample_ids=..., **kwargs)` as an assertion."""
         __tracebackhide__ = True
-        result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, **kwargs)
-        return self.assertTrainParity(result, msg=msg, abstain=abstain)
+        return self._assert_check(
+            lambda: check_coverage(ranks, policy=policy, sample_ids=sample_ids, **kwargs), msg, abstain
+        )
 
     def assertDataParallelEquivalent(
         self, recipe: object, *, msg: Message = None, abstain: str = "fail", **kwargs: Any
     ) -> Result:
         """`tp.check_data_parallel(recipe, **kwargs)` as an assertion."""
         __tracebackhide__ = True
-        return self.assertTrainParity(check_data_parallel(recipe, **kwargs), msg=msg, abstain=abstain)
+        return self._assert_check(lambda: check_data_parallel(recipe, **kwargs), msg, abstain)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

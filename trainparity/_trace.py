@@ -124,7 +124,7 @@ def loss_value(loss: Any, where: str) -> float | None:
         if loss.numel() != 1:
             raise TypeError(f"{where}: step() must return a scalar loss, got a tensor of shape {list(loss.shape)}")
         return float(loss.detach().reshape(()).item())
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+    if isinstance(loss, (int, float, np.floating, np.integer)) and not isinstance(loss, bool):
         return float(loss)
     raise TypeError(
         f"{where}: step() must return a loss (tensor or float) or tp.LossAccounting, got {type(loss).__name__}"
