@@ -91,3 +91,4 @@ def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
     server = int(done.stdout.split()[0])
     assert still_running([server], grace=5.0) == []
 
+

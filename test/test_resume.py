@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 import unittest
 from typing import Any
@@ -245,3 +247,12 @@ def test_numpy_losses_are_accepted() -> None:
     assert loss_value(np.int64(2), "here") == 2.0
     with pytest.raises(TypeError, match="here: step\\(\\) must return a loss"):
         loss_value("0.5", "here")
+
+
+def test_the_mixin_runs_under_plain_unittest() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "unittest", "-v", "test_resume.PlainUnittestMixinTest", "test_resume.MixinTest"],
+        cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Ran 8 tests" in done.stderr and done.stderr.rstrip().endswith("OK")
