@@ -70,10 +70,12 @@ def test_workdirs_are_removed() -> None:
     assert not os.path.exists(outcome.output["workdir"])
 
 
-def test_import_starts_no_process() -> None:
+def test_import_starts_no_process_and_loads_hypothesis_only_for_strategies() -> None:
     code = (
-        "import threading, trainparity, trainparity._engine as e; "
-        "assert not e._SERVER.running(); assert threading.active_count() == 1; print('ok')"
+        "import sys, threading, trainparity, trainparity._engine as e; "
+        "assert not e._SERVER.running(); assert threading.active_count() == 1; "
+        "assert 'hypothesis' not in sys.modules; trainparity.strategies.sampler_configs; "
+        "assert 'hypothesis' in sys.modules; print('ok')"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "ok", done.stderr

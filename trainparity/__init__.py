@@ -3,7 +3,6 @@
 A thin public namespace over private modules; importing it starts no process.
 """
 
-from trainparity import strategies
 from trainparity._accumulation import check_accumulation
 from trainparity._compare import ExactComparison, ToleranceComparison
 from trainparity._coverage import check_coverage
@@ -68,3 +67,12 @@ __all__ = [
     "strategies",
     "tag_workers",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `tp.strategies` imports hypothesis (a tenth of a second) only when a test asks for it.
+    if name == "strategies":
+        import importlib
+
+        return importlib.import_module("trainparity.strategies")
+    raise AttributeError(f"module 'trainparity' has no attribute {name!r}")
