@@ -44,11 +44,12 @@ class Regression(tp.Recipe):
             yield torch.randn(32, 16, generator=generator), torch.randn(32, 1, generator=generator)
 
     def loss(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The micro-batch's share of the full batch's mean loss."""
         x, y = batch
-        return nn.functional.mse_loss(state.model(x), y)
+        return nn.functional.mse_loss(state.model(x), y) / self.accumulation_steps
 
     def step(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        loss = self.loss(state, batch) / self.accumulation_steps
+        loss = self.loss(state, batch)
         loss.backward()
         state.micro_step += 1
         if state.micro_step % self.accumulation_steps == 0:
@@ -62,16 +63,9 @@ class Regression(tp.Recipe):
 class ForgetsToScale(Regression):
     """A common bug: each micro-batch's mean loss is back-propagated as it is, not divided by k."""
 
-    def step(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        loss = self.loss(state, batch)
-        loss.backward()
-        state.micro_step += 1
-        if state.micro_step % self.accumulation_steps == 0:
-            nn.utils.clip_grad_norm_(state.model.parameters(), max_norm=1.0)
-            state.optimizer.step()
-            state.optimizer.zero_grad()
-            state.scheduler.step()
-        return loss
+    def loss(self, state: tp.State, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(state.model(x), y)  # the bug: no "/ self.accumulation_steps"
 
 
 def main() -> int:
