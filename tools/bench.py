@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel}`.
+"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel,wire}`.
 
 Speed goals live here, never in timed unit tests. Each benchmark prints its figures and,
 where a goal is a ratio, the reference measured in the same run.
@@ -275,6 +275,49 @@ def bench_data_parallel(args: argparse.Namespace) -> None:
 
 
 BENCHMARKS["data-parallel"] = bench_data_parallel
+
+
+def bench_wire(args: argparse.Namespace) -> None:
+    """Reading a child's trace: the `_wire` format against `torch.load(weights_only=True)`.
+
+    The trace is that of the resume benchmark's 6-step run (recorded in this process); each
+    figure is the median of 20 writes and reads of the same file.
+    """
+    import pathlib
+    import statistics
+    import tempfile
+
+    import torch
+
+    from trainparity import _wire
+    from trainparity._recipe import resolve_recipe
+    from trainparity._trace import TrainPayload, train_run
+    from trainparity.quickstarts.resume import Regression
+
+    def median_seconds(action: Callable[[], object]) -> float:
+        times = []
+        for _ in range(20):
+            start = time.perf_counter()
+            action()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory() as folder:
+        directory = pathlib.Path(folder)
+        trace = train_run(TrainPayload(resolve_recipe(Regression), 0, 1, 6, str(directory / "ck")), directory)
+        tensors = sum(len(step["state"]) + len(step["rng"]) for step in trace["steps"])
+        wire, pt = directory / "trace.bin", directory / "trace.pt"
+        write_wire = median_seconds(lambda: _wire.dump(trace, wire))
+        write_pt = median_seconds(lambda: torch.save(trace, pt))
+        read_wire = median_seconds(lambda: _wire.load(wire))
+        read_pt = median_seconds(lambda: torch.load(pt, weights_only=True))
+    print(f"a 6-step resume trace ({tensors} leaves), median of 20")
+    print(f"write: _wire {write_wire * 1e3:.2f} ms, torch.save {write_pt * 1e3:.2f} ms ({write_pt / write_wire:.1f}x)")
+    print(f"read:  _wire {read_wire * 1e3:.2f} ms, torch.load(weights_only=True) {read_pt * 1e3:.2f} ms "
+          f"({read_pt / read_wire:.1f}x)")
+
+
+BENCHMARKS["wire"] = bench_wire
 
 
 def main() -> None:
