@@ -321,7 +321,7 @@ def load_state(state: State, path: str | pathlib.Path) -> State:
         raise ValueError(f"the checkpoint has no component {missing[0]!r}; was it saved from this recipe?")
     for path_, saved in components.items():
         if path_ in current:
-            _restore_component(state, path_, current[path_], _from_storable(saved))
+            _restore_component(state, path_, current[path_], _from_storable(saved), names)
             continue
         # A module attribute set during training (model.temperature) that a fresh setup() lacks.
         *parents, attribute = path_.split(".")
@@ -333,12 +333,12 @@ def load_state(state: State, path: str | pathlib.Path) -> State:
     return state
 
 
-def _restore_component(state: State, path: str, current: Any, saved: Any) -> None:
+def _restore_component(state: State, path: str, current: Any, saved: Any, names: dict[int, str]) -> None:
     *parents, target_name = path.split(".")
     owner = _resolve(state, parents)
     target = _member(owner, target_name)
     if isinstance(target, torch.optim.Optimizer):
-        _load_named_optimizer_state(target, saved, parameter_names(state))
+        _load_named_optimizer_state(target, saved, names)
     elif has_state_dict(target):
         target.load_state_dict(saved)
     elif isinstance(target, torch.Generator):
