@@ -324,6 +324,148 @@ class ClipBeforeUnscale(Scaled):
         return loss
 
 
+class MeanOfMeansDeclared(TokenWeighted):
+    """Each micro-batch normalized by its own token count times k, and declared so: the denominators add up
+    to k times the window's."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        total, tokens = self.token_losses(state, batch)
+        loss = total / (tokens * self.accumulation_steps)  # fault: a mean of means
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return tp.LossAccounting(loss.detach(), total.detach(), tokens * self.accumulation_steps)
+
+
+class ScalerStepBypassed(Scaled):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        state.scaler.scale(loss).backward()
+        if self.boundary(state):
+            state.optimizer.step()  # fault: steps on the scaled gradients, bypassing scaler.step
+            state.optimizer.zero_grad()
+        return loss
+
+
+class LrFromCounter(MLP):
+    """nanoGPT's schedule: the learning rate set from get_lr(iter_num) at the first micro-batch of each step."""
+
+    def __init__(self, accumulation_steps: int = 1, per_microbatch: bool = False) -> None:
+        super().__init__(accumulation_steps)
+        self.per_microbatch = per_microbatch
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.iter_num = 0
+        return state
+
+    def get_lr(self, iteration: int) -> float:
+        return 0.1 * min(1.0, (iteration + 1) / 10)  # linear warmup
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        if state.micro % self.accumulation_steps == 0:
+            for group in state.optimizer.param_groups:
+                group["lr"] = self.get_lr(state.iter_num)
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        if self.per_microbatch:
+            state.iter_num += 1  # fault: nanoGPT's iter_num += 1 moved into the micro-batch loop
+        if self.boundary(state):
+            self.update(state)
+            if not self.per_microbatch:
+                state.iter_num += 1
+        return loss
+
+
+class EvaluatesEachStep(MLP):
+    """Like nanoGPT's loop: an evaluation on randomly drawn batches at the start of every optimizer step."""
+
+    def __init__(self, accumulation_steps: int = 1, scaled: bool = True) -> None:
+        super().__init__(accumulation_steps)
+        self.scaled = scaled
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        if state.micro % self.accumulation_steps == 0:
+            with torch.no_grad():
+                rows = torch.randint(0, 64, (8,))
+                x, y = state.loader.dataset.tensors
+                state.eval_loss = float(F.mse_loss(state.model(x[rows]), y[rows]))
+        loss = self.loss(state, batch) / (self.accumulation_steps if self.scaled else 1)
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+class FunctionalDropout(MLP):
+    """Dropout through torch.nn.functional, not a module."""
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        hidden = F.dropout(torch.tanh(state.model[0](x)), p=0.5, training=True)
+        return F.mse_loss(state.model[2](hidden), y)
+
+
+class AttentionDropout(MLP):
+    """scaled_dot_product_attention with dropout_p, and nn.MultiheadAttention's dropout."""
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True),
+                             nn.Linear(8, 1)).double()
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        h = state.model[0](x).unsqueeze(1).expand(-1, 3, -1)
+        attended, _ = state.model[1](h, h, h)
+        mixed = F.scaled_dot_product_attention(attended, attended, attended, dropout_p=0.5)
+        return F.mse_loss(state.model[2](mixed.mean(1)), y)
+
+
+class ForcesFloat32(MLP):
+    """Casts its inputs and model to float32 in step(): it cannot run in float64."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        state.model.float()
+        x, y = batch
+        loss = F.mse_loss(state.model(x.float()), y.float()) / self.accumulation_steps
+        loss.backward()
+        if self.boundary(state):
+            self.update(state)
+        return loss
+
+
+class AutocastScaled(Scaled):
+    """autocast(bfloat16) around the forward, with a GradScaler: the mixed-precision loop."""
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().loss(state, batch)
+
+
+class AdamWWide(tp.Recipe):
+    """Four Linear(width, width) layers with AdamW: float32 rounding in near-zero gradients becomes whole steps."""
+
+    def __init__(self, accumulation_steps: int = 1, width: int = 1024, batch_size: int = 16,
+                 scaled: bool = True) -> None:
+        self.accumulation_steps, self.width, self.batch_size, self.scaled = accumulation_steps, width, batch_size, scaled
+
+    def setup(self) -> tp.State:
+        model = nn.Sequential(*(layer for _ in range(4) for layer in (nn.Linear(self.width, self.width), nn.ReLU())))
+        x, y = torch.randn(64, self.width), torch.randn(64, self.width)
+        loader = DataLoader(TensorDataset(x, y), batch_size=self.batch_size)
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), loader=loader, micro=0)
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        x, y = batch
+        loss = F.mse_loss(state.model(x), y) / (self.accumulation_steps if self.scaled else 1)
+        loss.backward()
+        state.micro += 1
+        if state.micro % self.accumulation_steps == 0:
+            state.optimizer.step()
+            state.optimizer.zero_grad()
+        return loss.detach()
+
+
 # -- modules and code that make the equivalence unverifiable, and broken recipes -------------------
 
 
@@ -394,6 +536,33 @@ class MLP32(MLP):
         dataset = state.loader.dataset
         state.loader = DataLoader(TensorDataset(*(t.float() for t in dataset.tensors)), batch_size=self.batch_size)
         return state
+
+
+class Float32Rounding(MLP):
+    """float32 accumulation that rounds the same way on every CPU, by construction: integer data (whose sums
+    are exact in any order), the batch reduced before anything inexact, one division per call, elementwise
+    accumulation, and an SGD step by a power of two. The micro-batches' 1/n/k still round differently from
+    the full batch's 1/n."""
+
+    def model(self) -> nn.Module:
+        model = nn.Linear(4, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        return model
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=0.125)
+
+    def setup(self) -> tp.State:
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randint(-3, 4, (72, 4), generator=generator, dtype=torch.float32)
+        model = self.model()
+        loader = DataLoader(TensorDataset(x, torch.zeros(72, 1)), batch_size=12)
+        return tp.State(model=model, optimizer=self.optimizer(model), loader=loader, micro=0)
+
+    def loss(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, _ = batch
+        return (state.model.weight.squeeze(0) * x.sum(0)).sum() / len(x)
 
 
 class DataDependsOnK(MLP):

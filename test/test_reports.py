@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from resume_recipes import ResumeRecipe
 
@@ -37,17 +38,56 @@ def test_report_is_ascii_without_trailing_spaces() -> None:
     assert ascii_text("caf\u00e9  \nx") == "caf\\xe9\nx"
 
 
-def test_tensor_mismatch_message_follows_torch_testing() -> None:
-    mismatch = compare_tensors(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 3.0, 4.25]),
-                               tp.ExactComparison())
+def _torch_message(actual: torch.Tensor, expected: torch.Tensor, **tolerance: float) -> str:
+    try:
+        torch.testing.assert_close(actual, expected, **tolerance)  # type: ignore[arg-type]
+    except AssertionError as error:
+        return str(error)
+    raise AssertionError("torch.testing found no mismatch")
+
+
+# Inputs whose differences print with at most 6 significant digits, where our text must be torch's.
+SAME_TEXT = [
+    (torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 3.0, 4.25]), {"rtol": 0.0, "atol": 0.0}),
+    (torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 2.5, 3.0, 4.25]), {"rtol": 1.3e-6, "atol": 1e-5}),
+    # the greatest absolute and relative differences lie at different indices
+    (torch.tensor([[100.0, 1.0], [2.0, 8.0]]), torch.tensor([[104.0, 2.0], [2.0, 8.0]]), {"rtol": 0.01, "atol": 0.5}),
+    (torch.tensor([1, 2, 3]), torch.tensor([1, 5, 3]), {"rtol": 0.0, "atol": 0.0}),
+    (torch.tensor(2.0), torch.tensor(3.0), {"rtol": 0.0, "atol": 0.0}),
+    (torch.tensor(2.0), torch.tensor(3.0), {"rtol": 1e-3, "atol": 1e-2}),
+    (torch.tensor([0.0, 1.0]), torch.tensor([0.5, 1.0]), {"rtol": 0.0, "atol": 0.0}),
+]
+
+
+@pytest.mark.parametrize(("expected", "actual", "tolerance"), SAME_TEXT)
+def test_mismatch_text_is_torch_testings(expected: torch.Tensor, actual: torch.Tensor,
+                                         tolerance: dict[str, float]) -> None:
+    comparison = (tp.ExactComparison() if not any(tolerance.values()) else
+                  tp.ToleranceComparison(rtol=tolerance["rtol"], atol=tolerance["atol"]))
+    mismatch = compare_tensors(expected, actual, comparison)
     assert mismatch is not None
-    assert mismatch.message == (
-        "Tensor-likes are not equal!\n\n"
-        "Mismatched elements: 2 / 4 (50.0%)\n"
-        "Greatest absolute difference: 0.5 at index (1,) (up to 0 allowed)\n"
-        "Greatest relative difference: 0.25 at index (1,) (up to 0 allowed)"
-    )
-    assert (mismatch.expected, mismatch.actual) == (2.0, 2.5)
+    assert mismatch.message == _torch_message(actual, expected, **tolerance)
+
+
+def test_scalar_text_is_torch_testings() -> None:
+    mismatch = compare_leaves(2.0, 3.5, tp.ToleranceComparison(rtol=1e-3, atol=1e-2))
+    assert mismatch is not None
+    assert mismatch.message == _torch_message(torch.tensor(3.5), torch.tensor(2.0), rtol=1e-3, atol=1e-2)
+
+
+def test_long_numbers_are_rounded_to_six_digits() -> None:
+    mismatch = compare_tensors(torch.tensor([1.0]), torch.tensor([1.0 + 1 / 3]), tp.ExactComparison())
+    assert mismatch is not None and "Greatest absolute difference: 0.333333 at index (0,)" in mismatch.message
+
+
+def test_exact_comparison_is_bitwise() -> None:
+    zero = compare_tensors(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]), tp.ExactComparison())
+    assert zero is not None and "bits differ" in zero.message and "Mismatched elements: 1 / 2" in zero.message
+    assert compare_leaves(0.0, -0.0, tp.ExactComparison()) is not None
+    assert compare_leaves(0.0, -0.0, tp.ToleranceComparison(rtol=0.0, atol=0.0)) is None
+    nan = torch.tensor([float("nan")])
+    assert compare_tensors(nan, nan.clone(), tp.ExactComparison()) is None
+    assert compare_tensors(torch.tensor([1.5]), torch.tensor([1.5]), tp.ExactComparison()) is None
 
 
 def test_tolerance_applies_to_floats_only() -> None:
@@ -63,8 +103,6 @@ def test_tolerance_applies_to_floats_only() -> None:
 
 
 def test_tolerance_is_validated() -> None:
-    import pytest
-
     with pytest.raises(ValueError, match="must be finite and >= 0"):
         tp.ToleranceComparison(rtol=-1.0, atol=0.0)
     with pytest.raises(TypeError, match="must be a number"):

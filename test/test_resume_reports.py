@@ -29,8 +29,8 @@ First violation: model.body.weight (step 3, kind: state_mismatch, cause: not_res
   Tensor-likes are not equal!
 
   Mismatched elements: 48 / 48 (100.0%)
-  Greatest absolute difference: 0.0142505 at index (5, 0) (up to 0 allowed)
-  Greatest relative difference: 0.0983574 at index (5, 0) (up to 0 allowed)
+  Greatest absolute difference: 0.0142505 at index (5, 0)
+  Greatest relative difference: 5.91142 at index (1, 0)
   expected: -0.144885
   actual:   -0.159135
 
@@ -78,9 +78,11 @@ config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRe
 
 First violation: scheduler.last_epoch (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
-  Values are not equal!
+  Scalars are not equal!
 
   Expected 3 but got 0.
+  Absolute difference: 3
+  Relative difference: 1.0
   expected: 3
   actual:   0
 
@@ -106,11 +108,11 @@ First violation: scaler.scale (step 3, kind: state_mismatch, cause: not_restored
   The State right after load() differs from the State right after save().
   Scalars are not equal!
 
-  Expected 32 but got 16.
-  Absolute difference: 16 (up to 0 allowed)
-  Relative difference: 0.5 (up to 0 allowed)
-  expected: 32
-  actual:   16
+  Expected 32.0 but got 16.0.
+  Absolute difference: 16.0
+  Relative difference: 0.5
+  expected: 32.0
+  actual:   16.0
 
 All violations (8):
   1. scaler.scale (step 3, kind: state_mismatch, cause: not_restored)
@@ -195,9 +197,11 @@ config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRe
 
 First violation: global_step (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
-  Values are not equal!
+  Scalars are not equal!
 
   Expected 3 but got 0.
+  Absolute difference: 3
+  Relative difference: 1.0
   expected: 3
   actual:   0
 
@@ -224,10 +228,10 @@ First violation: ema (step 3, kind: state_mismatch, cause: not_restored)
   Tensor-likes are not equal!
 
   Mismatched elements: 1 / 1 (100.0%)
-  Greatest absolute difference: 0.179066 at index (0,) (up to 0 allowed)
-  Greatest relative difference: 1 at index (0,) (up to 0 allowed)
+  Greatest absolute difference: 0.179066 at index (0,)
+  Greatest relative difference: 1.0 at index (0,)
   expected: 0.179066
-  actual:   0
+  actual:   0.0
 
 All violations (4):
   1. ema (step 3, kind: state_mismatch, cause: not_restored)
@@ -244,11 +248,11 @@ First violation: model.temperature (step 3, kind: state_mismatch, cause: not_res
   The State right after load() differs from the State right after save().
   Scalars are not equal!
 
-  Expected 1.2 but got 1.
-  Absolute difference: 0.2 (up to 0 allowed)
-  Relative difference: 0.166667 (up to 0 allowed)
+  Expected 1.2 but got 1.0.
+  Absolute difference: 0.2
+  Relative difference: 0.166667
   expected: 1.2
-  actual:   1
+  actual:   1.0
 
 All violations (43):
   1. model.temperature (step 3, kind: state_mismatch, cause: not_restored)
@@ -386,7 +390,7 @@ First violation: loss (step 1, kind: nondeterministic_baseline, cause: baseline_
   Scalars are not equal!
 
   Expected <float> but got <float>.
-  Absolute difference: <float> (up to 0 allowed)
-  Relative difference: <float> (up to 0 allowed)
+  Absolute difference: <float>
+  Relative difference: <float>
   expected: <float>
   actual:   <float>""")

@@ -65,8 +65,9 @@ def _run_accumulation(args: argparse.Namespace) -> Result:
         cycles=args.cycles,
         comparison=_tolerance(args),
         seed=args.seed,
+        precision=args.precision,
         disable_dropout=not args.keep_dropout,
-        allow_batch_dependent=args.allow_batch_dependent,
+        batch_dependent=args.batch_dependent,
         isolation=args.isolation,
         timeout=args.timeout,
     )
@@ -96,8 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                               help="number of equal micro-batches, or their sizes (default: 4)")
     accumulation.add_argument("--cycles", type=int, default=2, help="full batches compared (default: 2)")
     accumulation.add_argument("--keep-dropout", action="store_true", help="leave dropout modules active")
-    accumulation.add_argument("--allow-batch-dependent", action="store_true",
-                              help="compare even with BatchNorm-like modules in training mode")
+    accumulation.add_argument("--precision", choices=("float64", "native"), default="float64",
+                              help="run both in float64 and judge with its fixed tolerance (default), or in the "
+                              "recipe's own dtypes")
+    accumulation.add_argument("--batch-dependent", choices=("fail", "eval"), default="fail",
+                              help="BatchNorm-like layers in training mode: FAIL on the divergence they cause "
+                              "(default), or run them in eval mode to judge the loop alone")
     accumulation.add_argument("--isolation", choices=("inprocess", "process", "spawn"), default="inprocess")
     accumulation.add_argument("--timeout", type=float, default=120.0)
     accumulation.set_defaults(run=_run_accumulation)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import struct
 from collections.abc import Iterator, Mapping
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import torch
 
@@ -22,7 +23,11 @@ Snapshot: TypeAlias = dict[str, Leaf]
 
 @dataclasses.dataclass(frozen=True)
 class ExactComparison:
-    """Values must be bitwise equal (NaN equals NaN); the default everywhere."""
+    """Values must be bitwise equal: the same dtype, shape and bytes.
+
+    So -0.0 differs from 0.0, and a NaN equals a NaN with the same bits. The default of the
+    resume check; bitwise equality is also what a digest decides on its own.
+    """
 
     def allowed(self, dtype: torch.dtype | None) -> tuple[float, float]:
         return 0.0, 0.0
@@ -82,8 +87,75 @@ class Mismatch:
     actual: JsonValue = None
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+def format_number(value: bool | int | float) -> str:
+    """A number as torch.testing prints it (`repr`), rounded to 6 significant digits.
+
+    Where torch's number has at most 6 significant digits the text is the same as theirs; the
+    rounding keeps reports stable where the last bits of a float depend on the machine.
+    """
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return repr(value)
+    return repr(float(f"{value:.6g}"))
+
+
+def mismatch_message(
+    identifier: str,
+    extra: str,
+    abs_diff: float,
+    abs_index: tuple[int, ...] | None,
+    rel_diff: float,
+    rel_index: tuple[int, ...] | None,
+    rtol: float,
+    atol: float,
+) -> str:
+    """The one message builder for numbers, in torch.testing's words (`_make_mismatch_msg`)."""
+    equality = rtol == 0 and atol == 0
+
+    def difference(kind: str, diff: float, index: tuple[int, ...] | None, tolerance: float) -> str:
+        if index is None:
+            line = f"{kind.title()} difference: {format_number(diff)}"
+        else:
+            line = f"Greatest {kind} difference: {format_number(diff)} at index {index}"
+        return line if equality else f"{line} (up to {format_number(tolerance)} allowed)"
+
+    return "\n".join([
+        f"{identifier} are not {'equal' if equality else 'close'}!",
+        "",
+        extra,
+        difference("absolute", abs_diff, abs_index, atol),
+        difference("relative", rel_diff, rel_index, rtol),
+    ])
+
+
+_INTEGER_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _element_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Each element's bytes as one integer (complex: two), so that `==` compares bits."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.is_complex():
+        flat = torch.view_as_real(flat)
+    return flat.view(_INTEGER_VIEWS[flat.element_size()]).reshape(flat.shape[0], -1)
+
+
+def bitwise_equal(expected: torch.Tensor, actual: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes."""
+    if expected.dtype != actual.dtype or expected.shape != actual.shape:
+        return False
+    return torch.equal(_element_bits(expected), _element_bits(actual))
+
+
+def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), shape)) if shape else ()
+
+
+def _scalar(value: Any) -> bool | int | float:
+    item = value.item() if isinstance(value, torch.Tensor) else value
+    if isinstance(item, complex):
+        return abs(item)
+    return item
 
 
 def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Comparison) -> Mismatch | None:
@@ -95,81 +167,87 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Co
                 "", f"The values for attribute '{attribute}' do not match: {e} != {a}.", str(e), str(a)
             )
     rtol, atol = comparison.allowed(expected.dtype)
-    if rtol == 0.0 and atol == 0.0 and torch.equal(expected, actual):
-        return None  # the common case, without the float64 copies below
-    if expected.dtype.is_floating_point or expected.dtype.is_complex:
-        e64 = expected.detach().to(torch.complex128 if expected.dtype.is_complex else torch.float64)
-        a64 = actual.detach().to(e64.dtype)
+    if isinstance(comparison, ExactComparison):
+        if bitwise_equal(expected, actual):
+            return None  # the common case, without the float64 copies below
+        matches = (_element_bits(expected) == _element_bits(actual)).all(dim=1).reshape(expected.shape)
     else:
-        e64 = expected.detach().to(torch.int64) if expected.dtype != torch.bool else expected.detach()
-        a64 = actual.detach().to(e64.dtype)
-    if e64.dtype == torch.bool:
-        equal = e64 == a64
-    elif rtol == 0.0 and atol == 0.0:
-        equal = (e64 == a64) | (torch.isnan(e64) & torch.isnan(a64)) if e64.is_floating_point() else e64 == a64
-    else:
-        equal = torch.isclose(e64, a64, rtol=rtol, atol=atol, equal_nan=True)
-    if bool(equal.all()):
-        return None
+        if torch.equal(expected, actual):
+            return None
+        matches = torch.isclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True)
+        if bool(matches.all()):
+            return None
+    floating = expected.dtype.is_floating_point or expected.dtype.is_complex
+    wide = torch.complex128 if expected.dtype.is_complex else torch.float64 if floating else torch.int64
+    e64 = expected.detach().reshape(-1).to(wide)
+    a64 = actual.detach().reshape(-1).to(wide)
+    matched = matches.reshape(-1)
+    abs_diff = (a64 - e64).abs().to(torch.float64) if wide != torch.int64 else (a64 - e64).abs()
+    abs_diff[matched] = 0
+    rel_diff = abs_diff / e64.abs()
+    rel_diff[matched] = 0
+    greatest_abs, abs_at = torch.max(abs_diff, 0)
+    greatest_rel, rel_at = torch.max(rel_diff, 0)
     total = expected.numel()
-    mismatched = int((~equal).sum())
-    if e64.dtype == torch.bool:
-        diff = (e64 != a64).to(torch.float64)
+    mismatched = total - int(matched.sum())
+    lines = [f"Mismatched elements: {mismatched} / {total} ({mismatched / total:.1%})"]
+    if expected.ndim == 0:
+        e_value, a_value = _scalar(expected), _scalar(actual)
+        message = mismatch_message("Scalars", f"Expected {format_number(e_value)} but got {format_number(a_value)}.",
+                                   float(greatest_abs), None, float(greatest_rel), None, rtol, atol)
     else:
-        diff = (e64 - a64).abs().to(torch.float64)
-        diff = torch.where(equal, torch.zeros_like(diff), torch.nan_to_num(diff, nan=math.inf))
-    flat_index = int(diff.reshape(-1).argmax())
-    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), expected.shape))
-    greatest = float(diff.reshape(-1)[flat_index])
-    e_at = expected.reshape(-1)[flat_index].item() if total else None
-    a_at = actual.reshape(-1)[flat_index].item() if total else None
-    headline = "Tensor-likes are not equal!" if rtol == 0.0 and atol == 0.0 else "Tensor-likes are not close!"
-    lines = [
-        headline,
-        "",
-        f"Mismatched elements: {mismatched} / {total} ({100.0 * mismatched / total:.1f}%)",
-        f"Greatest absolute difference: {_fmt(greatest)} at index {index} (up to {_fmt(atol)} allowed)",
-    ]
-    if rtol or e64.is_floating_point():
-        denominator = abs(float(e64.reshape(-1)[flat_index].real if e64.is_complex() else e64.reshape(-1)[flat_index]))
-        relative = greatest / denominator if denominator else math.inf
-        lines.append(f"Greatest relative difference: {_fmt(relative)} at index {index} (up to {_fmt(rtol)} allowed)")
-    return Mismatch("", "\n".join(lines), json_safe(e_at), json_safe(a_at))
+        message = mismatch_message("Tensor-likes", lines[0], _scalar(greatest_abs),
+                                   _unravel(int(abs_at), expected.shape), float(greatest_rel),
+                                   _unravel(int(rel_at), expected.shape), rtol, atol)
+    if not bool(greatest_abs) and floating:
+        first = _unravel(int((~matched).nonzero()[0, 0]), expected.shape)
+        message += (f"\nThe values are equal but their bits differ (e.g. -0.0 and 0.0, or NaNs) at index {first}: "
+                    "exact comparison is bitwise.")
+    index = int(abs_at)
+    return Mismatch("", message, json_safe(expected.reshape(-1)[index].item()),
+                    json_safe(actual.reshape(-1)[index].item()))
+
+
+def _float_bits(value: float) -> bytes:
+    return struct.pack("<d", value)
 
 
 def compare_leaves(expected: Leaf, actual: Leaf, comparison: Comparison) -> Mismatch | None:
     """Compare two snapshot leaves of any supported type."""
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         return compare_tensors(expected, actual, comparison)
-    if isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor) or type(expected) is not type(actual):
-        if isinstance(expected, (int, float)) and isinstance(actual, (int, float)) and not isinstance(
-            expected, bool
-        ) and not isinstance(actual, bool):
-            pass  # an int that became a float (or back) is compared by value below
-        else:
-            return Mismatch(
-                "",
-                f"The types do not match: {_type_name(expected)} != {_type_name(actual)}.",
-                _summary(expected),
-                _summary(actual),
-            )
-    if isinstance(expected, float) or isinstance(actual, float):
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (expected, actual))
+    if not numbers and type(expected) is not type(actual):
+        return Mismatch(
+            "",
+            f"The types do not match: {_type_name(expected)} != {_type_name(actual)}.",
+            _summary(expected),
+            _summary(actual),
+        )
+    if numbers and (isinstance(expected, float) or isinstance(actual, float)):
         assert isinstance(expected, (int, float)) and isinstance(actual, (int, float))
         e, a = float(expected), float(actual)
         rtol, atol = comparison.allowed(None)
-        if e == a or (math.isnan(e) and math.isnan(a)) or abs(e - a) <= atol + rtol * abs(e):
+        if isinstance(comparison, ExactComparison):
+            # Bitwise, as for tensors; an int that became a float (or back) is compared by value.
+            both_float = isinstance(expected, float) and isinstance(actual, float)
+            if (_float_bits(e) == _float_bits(a)) if both_float else e == a:
+                return None
+        elif e == a or (math.isnan(e) and math.isnan(a)) or abs(e - a) <= atol + rtol * abs(e):
             return None
         difference = abs(e - a)
         relative = difference / abs(e) if e else math.inf
-        headline = "Scalars are not equal!" if rtol == 0.0 and atol == 0.0 else "Scalars are not close!"
-        message = (
-            f"{headline}\n\nExpected {_fmt(e)} but got {_fmt(a)}.\n"
-            f"Absolute difference: {_fmt(difference)} (up to {_fmt(atol)} allowed)\n"
-            f"Relative difference: {_fmt(relative)} (up to {_fmt(rtol)} allowed)"
-        )
+        message = mismatch_message("Scalars", f"Expected {format_number(expected)} but got {format_number(actual)}.",
+                                   difference, None, relative, None, rtol, atol)
         return Mismatch("", message, json_safe(e), json_safe(a))
     if expected == actual:
         return None
+    if numbers:
+        assert isinstance(expected, int) and isinstance(actual, int)
+        difference = abs(expected - actual)
+        message = mismatch_message("Scalars", f"Expected {expected} but got {actual}.", difference, None,
+                                   difference / abs(expected) if expected else math.inf, None, 0.0, 0.0)
+        return Mismatch("", message, expected, actual)
     return Mismatch("", f"Values are not equal!\n\nExpected {expected!r} but got {actual!r}.", json_safe(expected),
                     json_safe(actual))
 

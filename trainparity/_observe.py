@@ -5,23 +5,27 @@ every one of them on exit, exceptions included:
 
 - optimizer step pre/post hooks (`register_step_pre_hook`): steps per call, the gradients
   and learning rates at the moment of each step (unscaled when an enabled GradScaler has
-  not unscaled them yet);
+  not unscaled them yet, and whether the step took them still scaled), the RNG streams there;
 - tensor hooks on the parameters (optional): the gradient each call back-propagates, before
   anything (clipping, zeroing, the optimizer) touches `.grad`;
 - instance wrappers on `scheduler.step`, `scaler.unscale_` and `scaler.update`;
 - the clipping functions of `torch.nn.utils` and `torch.nn.utils.clip_grad`, and any of them
   imported into the recipe's own modules: which parameters were clipped, when, and on
   gradients that were still scaled;
-- forward pre-hooks on batch-dependent modules (BatchNorm and friends) in training mode;
-- dropout probabilities set to 0 (when asked).
+- forward pre-hooks on batch-dependent modules (BatchNorm and friends): which ran in training
+  mode, or (batch_dependent="eval") running them in eval mode;
+- dropout (when asked): the probabilities of dropout modules set to 0, and the functional
+  dropouts of `torch.nn.functional` (also `scaled_dot_product_attention(dropout_p=...)`, which
+  `nn.MultiheadAttention` calls) run with probability 0.
 
-The clipping functions are module attributes shared by the whole process, so in-process
-observation holds a lock: two observed runs never overlap.
+The clipping and dropout functions are module attributes shared by the whole process, so
+in-process observation holds a lock: two observed runs never overlap.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import threading
@@ -29,14 +33,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 import torch.nn.utils.clip_grad as clip_grad
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from trainparity._compare import Snapshot
-from trainparity._snapshot import flatten
-from trainparity._state import State, optimizer_named_state_dict, parameter_names, state_objects
+from trainparity._state import State, parameter_names, rng_fingerprint, state_objects, unwrap_module
 
 #: the clipping functions users call, by the name reports use
 CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -45,10 +48,23 @@ CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
     clip_grad.clip_grad_value_: "clip_grad_value_",
     torch.nn.utils.clip_grads_with_norm_: "clip_grads_with_norm_",
 }
+#: the functional dropouts, and where their probability is passed (position, keyword)
+DROPOUT_FUNCTIONS: dict[Callable[..., Any], tuple[str, int, str]] = {
+    F.dropout: ("F.dropout", 1, "p"),
+    F.dropout1d: ("F.dropout1d", 1, "p"),
+    F.dropout2d: ("F.dropout2d", 1, "p"),
+    F.dropout3d: ("F.dropout3d", 1, "p"),
+    F.alpha_dropout: ("F.alpha_dropout", 1, "p"),
+    F.feature_alpha_dropout: ("F.feature_alpha_dropout", 1, "p"),
+    F.scaled_dot_product_attention: ("F.scaled_dot_product_attention", 4, "dropout_p"),
+}
 OBSERVATION_LOCK = threading.RLock()
+#: how many gradient elements (over all parameters) a diagnosis sample keeps, about
+SAMPLE_ELEMENTS = 1 << 20
 
 
-def _grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
+def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
+    """A detached CPU copy of a gradient (dense), divided by the scale that still multiplies it."""
     if tensor is None:
         return None
     copy = tensor.detach().to("cpu", copy=True)
@@ -61,11 +77,76 @@ def _float(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+@dataclasses.dataclass
+class Clip:
+    """One call of a clipping function."""
+
+    function: str
+    parameters: list[str]
+    #: the gradients it saw were still scaled by an enabled GradScaler (by `scale`)
+    scaled: bool
+    scale: float | None
+
+
+@dataclasses.dataclass
+class StepEvent:
+    """One optimizer step, seen by its pre-hook."""
+
+    call: int
+    grads: dict[str, torch.Tensor | None]
+    #: samples (see `Observer.sample`) of the gradients as they were before the first clip in the same call
+    pre_clip: dict[str, torch.Tensor]
+    lr: list[float]
+    #: the step took gradients an enabled GradScaler still scaled (optimizer.step() instead of scaler.step())
+    scaled: bool
+    scale: float | None
+    #: the global RNG streams' fingerprint at the step
+    rng: str
+    #: the order of this step among all optimizers' steps in the run
+    order: int
+
+
+@dataclasses.dataclass
+class CallRecord:
+    """What one `step()` call did, as the hooks saw it, and what it returned."""
+
+    steps: dict[str, int]
+    scheduler_steps: dict[str, int]
+    clips: list[Clip]
+    #: a sample (see `Observer.sample`) of the gradient the call back-propagated, per parameter
+    contribution: dict[str, torch.Tensor]
+    #: the global RNG streams' fingerprints when the call began and ended
+    rng_start: str
+    rng_end: str = ""
+    loss: float | None = None
+    #: whether step() returned tp.LossAccounting; then numerator and denominator are what it declared
+    accounting: bool = False
+    numerator: float | None = None
+    denominator: float | None = None
+
+
+@dataclasses.dataclass
+class Dropout:
+    """What disabling dropout did in one run."""
+
+    #: module paths whose probability was set to 0
+    modules: list[str] = dataclasses.field(default_factory=list)
+    #: module paths of dropout modules whose probability already was 0
+    inactive: list[str] = dataclasses.field(default_factory=list)
+    #: functional dropouts called with a probability above 0, by name
+    functions: list[str] = dataclasses.field(default_factory=list)
+
+
 class Observer:
     """Hooks on one State's objects; use as a context manager around the observed calls.
 
     Between `begin_call()` and `end_call()` everything observed is attributed to that call.
-    `record_contributions` turns on the per-parameter gradient hooks (a copy per backward).
+    `record_contributions` turns on the per-parameter gradient hooks (a sample per backward).
+    `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first.
+
+    What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
+    sample of at most about `SAMPLE_ELEMENTS` elements over all parameters, so that observing a
+    large model costs little more than training it.
     """
 
     def __init__(
@@ -75,15 +156,19 @@ class Observer:
         *,
         disable_dropout: bool,
         record_contributions: bool,
+        batch_dependent: str = "fail",
+        before_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
     ) -> None:
         self.state = state
         self.recipe_type = recipe_type
         self.disable_dropout = disable_dropout
         self.record_contributions = record_contributions
+        self.batch_dependent_mode = batch_dependent
+        self.before_step_callback = before_step
         self.names = parameter_names(state)
         self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
         self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
-        self.modules = dict(state_objects(state, nn.Module))
+        self.modules = {entry: unwrap_module(module) for entry, module in state_objects(state, nn.Module)}
         scalers = [v for _, v in state_objects(state, torch.amp.GradScaler) if v.is_enabled()]
         # With several enabled scalers we cannot tell which one scaled a gradient: record them as they are.
         self.scaler = scalers[0] if len(scalers) == 1 else None
@@ -97,12 +182,16 @@ class Observer:
             for _, parameter in pairs:
                 self.owners.setdefault(id(parameter), entry)
         self.unscaled: set[str] = set()
-        self.call: dict[str, Any] | None = None
+        self.call: CallRecord | None = None
         self.call_index = 0
-        self.step_events: dict[str, list[dict[str, Any]]] = {entry: [] for entry in self.optimizers}
-        self.dropout: list[str] = []
+        self.step_events: dict[str, list[StepEvent]] = {entry: [] for entry in self.optimizers}
+        self._steps_seen = 0
+        total = sum(p.numel() for pairs in self.optimizer_parameters.values() for _, p in pairs)
+        self.stride = max(1, total // SAMPLE_ELEMENTS)
+        self.dropout = Dropout()
+        #: batch-dependent modules that ran in training mode ("fail") or were run in eval mode ("eval")
         self.batch_dependent: set[str] = set()
-        self._clip_records: list[dict[str, Any]] = []
+        self._clip_records: list[dict[str, torch.Tensor | None]] = []
         self._clip_depth = 0
         self._stack = contextlib.ExitStack()
 
@@ -144,11 +233,17 @@ class Observer:
             for sub_name, sub in module.named_modules():
                 path = f"{entry}.{sub_name}" if sub_name else entry
                 if isinstance(sub, _BatchNorm):
-                    hook = functools.partial(self._batch_dependent_forward, f"{path} ({type(sub).__name__})")
+                    described = f"{path} ({type(sub).__name__})"
+                    hook = functools.partial(self._batch_dependent_forward, described)
                     stack.callback(sub.register_forward_pre_hook(hook).remove)
+                    if self.batch_dependent_mode == "eval":
+                        stack.callback(sub.register_forward_hook(self._restore_mode).remove)
                 if self.disable_dropout:
-                    self._disable_dropout(path, sub)
-        self._patch_clipping()
+                    self._disable_dropout_module(path, sub)
+        self._patch(CLIP_FUNCTIONS, self._clip_wrapper)
+        if self.disable_dropout:
+            self._patch({function: name for function, (name, _, _) in DROPOUT_FUNCTIONS.items()},
+                        self._dropout_wrapper)
 
     def _wrap_method(self, obj: Any, name: str, before: Callable[..., None]) -> None:
         """Shadow `obj.name` with an instance attribute that calls `before` first; undone on exit."""
@@ -171,7 +266,7 @@ class Observer:
 
         self._stack.callback(undo)
 
-    def _disable_dropout(self, path: str, module: nn.Module) -> None:
+    def _disable_dropout_module(self, path: str, module: nn.Module) -> None:
         attribute = "p" if isinstance(module, _DropoutNd) else "dropout" if isinstance(
             module, nn.MultiheadAttention) else None
         if attribute is None:
@@ -180,13 +275,17 @@ class Observer:
         if old:
             setattr(module, attribute, 0.0)
             self._stack.callback(setattr, module, attribute, old)
-            self.dropout.append(path)
+            self.dropout.modules.append(path)
+        else:
+            self.dropout.inactive.append(path)
 
-    def _patch_clipping(self) -> None:
-        # The recipe's modules too: `from torch.nn.utils import clip_grad_norm_` binds the name at import.
-        namespaces: list[Any] = [torch.nn.utils, clip_grad]
+    def _patch(self, functions: dict[Callable[..., Any], str],
+               make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
+        """Replace `functions` in torch's namespaces and in the recipe's own modules, where
+        `from torch.nn.utils import clip_grad_norm_` bound the name at import; undone on exit."""
+        namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
         namespaces += [sys.modules[c.__module__] for c in self.recipe_type.__mro__ if c.__module__ in sys.modules]
-        wrappers = {original: self._clip_wrapper(original, name) for original, name in CLIP_FUNCTIONS.items()}
+        wrappers = {original: make_wrapper(original, name) for original, name in functions.items()}
         for namespace in dict.fromkeys(namespaces):
             for attribute, value in list(vars(namespace).items()):
                 wrapper = next((w for original, w in wrappers.items() if value is original), None)
@@ -203,31 +302,37 @@ class Observer:
         return float(self.scaler.get_scale())
 
     def _before_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.before_step_callback is not None:
+            self.before_step_callback(entry, optimizer)
         if self.call is None:
             return
         scale = self._scale_of(entry)
-        grads = {name: _grad_copy(p.grad, scale) for name, p in self.optimizer_parameters[entry]}
-        # The gradients as they were before the first clip in this call: what the diagnosis compares.
+        grads = {name: grad_copy(p.grad, scale) for name, p in self.optimizer_parameters[entry]}
         pre_clip: dict[str, torch.Tensor] = {}
         for record in self._clip_records:
-            for name, grad in record["grads"].items():
-                if name in grads and name not in pre_clip:
+            for name, grad in record.items():
+                if name in grads and name not in pre_clip and grad is not None:
                     pre_clip[name] = grad
-        self.step_events[entry].append({
-            "call": self.call_index,
-            "grads": grads,
-            "pre_clip": pre_clip,
-            "lr": [_float(group["lr"]) for group in optimizer.param_groups],
-        })
+        self._steps_seen += 1
+        self.step_events[entry].append(StepEvent(
+            call=self.call_index,
+            grads=grads,
+            pre_clip=pre_clip,
+            lr=[_float(group["lr"]) for group in optimizer.param_groups],
+            scaled=scale is not None,
+            scale=scale,
+            rng=rng_fingerprint(),
+            order=self._steps_seen,
+        ))
 
     def _after_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.unscaled.discard(entry)
         if self.call is not None:
-            self.call["steps"][entry] += 1
+            self.call.steps[entry] += 1
 
     def _scheduler_step(self, entry: str, *args: Any, **kwargs: Any) -> None:
         if self.call is not None:
-            self.call["scheduler_steps"][entry] += 1
+            self.call.scheduler_steps[entry] += 1
 
     def _unscale(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
         entry = next((e for e, o in self.optimizers.items() if o is optimizer), None)
@@ -241,14 +346,22 @@ class Observer:
         if self.call is None:
             return
         scale = None if self.scaler is None else float(self.scaler.get_scale())
-        copy = _grad_copy(grad, scale)
-        assert copy is not None
-        contributions: dict[str, torch.Tensor] = self.call["contribution"]
+        copy = self.sample(grad, scale)
+        contributions = self.call.contribution
         contributions[name] = contributions[name] + copy if name in contributions else copy
 
     def _batch_dependent_forward(self, path: str, module: nn.Module, args: Any) -> None:
-        if module.training:
-            self.batch_dependent.add(path)
+        if not module.training:
+            return
+        self.batch_dependent.add(path)
+        if self.batch_dependent_mode == "eval":
+            module.training = False
+            module._tp_restore_training = True  # type: ignore[assignment]
+
+    @staticmethod
+    def _restore_mode(module: nn.Module, args: Any, output: Any) -> None:
+        if vars(module).pop("_tp_restore_training", False):
+            module.training = True
 
     def _clip_wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -265,6 +378,24 @@ class Observer:
 
         return wrapper
 
+    def _dropout_wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
+        _, position, keyword = next(v for k, v in DROPOUT_FUNCTIONS.items() if k is original)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > position:
+                p, args = args[position], (*args[:position], 0.0, *args[position + 1:])
+            else:
+                p = kwargs.get(keyword, 0.5 if keyword == "p" else 0.0)
+                kwargs[keyword] = 0.0
+            # F.dropout(x, p, training): only an active dropout is worth naming
+            active = args[2] if keyword == "p" and len(args) > 2 else kwargs.get("training", True)
+            if p and active and function not in self.dropout.functions:
+                self.dropout.functions.append(function)
+            return original(*args, **kwargs)
+
+        return wrapper
+
     def _record_clip(self, function: str, parameters: list[torch.Tensor]) -> None:
         assert self.call is not None
         names = [self.names.get(id(p), "<unnamed>") for p in parameters]
@@ -273,36 +404,36 @@ class Observer:
         for name, parameter in zip(names, parameters, strict=True):
             if parameter.grad is not None:
                 scale = self._scale_of(self.owners.get(id(parameter)))
-                grads[name] = _grad_copy(parameter.grad, scale)
+                grads[name] = self.sample(parameter.grad, scale)
                 if scale is not None:
                     scales.add(scale)
-        self._clip_records.append({"grads": grads})
-        self.call["clips"].append({
-            "function": function,
-            "parameters": names,
-            "scaled": bool(scales),  # the clip saw gradients a GradScaler still scaled
-            "scale": max(scales) if scales else None,
-        })
+        self._clip_records.append(grads)
+        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None))
 
     # -- calls ---------------------------------------------------------------------------------------
 
     def begin_call(self, index: int) -> None:
         self.call_index = index
         self._clip_records = []
-        self.call = {
-            "steps": dict.fromkeys(self.optimizers, 0),
-            "scheduler_steps": dict.fromkeys(self.schedulers, 0),
-            "clips": [],
-            "contribution": {},
-        }
+        self.call = CallRecord(dict.fromkeys(self.optimizers, 0), dict.fromkeys(self.schedulers, 0), [], {},
+                               rng_fingerprint())
 
-    def end_call(self) -> dict[str, Any]:
+    def end_call(self) -> CallRecord:
         assert self.call is not None
         call, self.call = self.call, None
+        call.rng_end = rng_fingerprint()
         self._clip_records = []
         return call
 
-    def take_step_events(self) -> dict[str, list[dict[str, Any]]]:
+    def sample(self, tensor: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """Every `stride`-th element of a (gradient) tensor, as a float64 CPU copy, divided by `scale`."""
+        values = tensor.detach()
+        if values.layout != torch.strided:
+            values = values.to_dense()
+        flat = values.reshape(-1)[:: self.stride].to("cpu", torch.float64, copy=True)
+        return flat / scale if scale is not None else flat
+
+    def take_step_events(self) -> dict[str, list[StepEvent]]:
         """The step events since the last call of this method, per optimizer entry."""
         events = self.step_events
         self.step_events = {entry: [] for entry in self.optimizers}
@@ -317,20 +448,12 @@ class Observer:
             for _, tensor in pairs:
                 tensor.grad = None
 
-    def end_state(self) -> dict[str, Snapshot]:
-        """Parameters, optimizer state (keyed by parameter name) and scheduler state, by report path."""
-        parameters: Snapshot = {}
+    def parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """The State's named parameters, each once."""
+        seen: set[int] = set()
         for module in self.modules.values():
             for parameter in module.parameters():
                 name = self.names.get(id(parameter))
-                if name is not None and f"parameters.{name}" not in parameters:
-                    parameters[f"parameters.{name}"] = parameter.detach().to("cpu", copy=True)
-        optimizer: Snapshot = {}
-        for entry, opt in self.optimizers.items():
-            prefix = "optimizer" if len(self.optimizers) == 1 else f"optimizer.{entry}"
-            flatten(prefix, optimizer_named_state_dict(opt, self.names), optimizer)
-        scheduler: Snapshot = {}
-        for entry, sched in self.schedulers.items():
-            prefix = "scheduler" if len(self.schedulers) == 1 else f"scheduler.{entry}"
-            flatten(prefix, sched.state_dict(), scheduler)
-        return {"parameters": parameters, "optimizer": optimizer, "scheduler": scheduler}
+                if name is not None and id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    yield name, parameter

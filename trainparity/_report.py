@@ -12,6 +12,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from trainparity._compare import format_number
 from trainparity._result import JsonValue, Violation, json_safe
 from trainparity._version import __version__
 
@@ -41,7 +42,7 @@ def relative_paths(text: str) -> str:
 
 def format_value(value: JsonValue) -> str:
     if isinstance(value, float):
-        return f"{value:.6g}"
+        return format_number(value)
     if isinstance(value, list) and len(value) > 12:
         return "[" + ", ".join(format_value(v) for v in value[:12]) + f", ... ({len(value)} items)]"
     if isinstance(value, list):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,13 @@ def leaves(batch: Any, path: str = "batch") -> Iterator[tuple[str, Any]]:
             yield from leaves(child, child_path)
     else:
         yield path, batch
+
+
+def map_leaves(batch: Any, function: Callable[[Any], Any]) -> Any:
+    """`batch` rebuilt with `function` applied to every leaf (containers keep their type)."""
+    if _is_container(batch):
+        return _rebuild(batch, [map_leaves(child, function) for _, child in _children(batch, "")])
+    return function(batch)
 
 
 def _is_per_sample(value: Any) -> bool:

@@ -8,11 +8,12 @@ tensors, scalars), so that what is saved is exactly what is compared.
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import random
 import struct
 from collections.abc import Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -76,6 +77,22 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def rng_fingerprint() -> str:
+    """A digest of the global RNG streams as they are now: equal digests, equal streams.
+
+    Cheaper than `capture_rng` (no conversion), for telling whether something drew between two moments.
+    """
+    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16)
+    numpy_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
+    _, keys, pos, has_gauss, cached = numpy_state
+    digest.update(keys.tobytes())
+    digest.update(repr((pos, has_gauss, cached, random.getstate())).encode())
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        for state in torch.cuda.get_rng_state_all():
+            digest.update(state.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _float_bits(value: float) -> int:
@@ -170,13 +187,26 @@ def has_state_dict(value: Any) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
+#: wrappers whose `.module` is the model: paths name the model's own parameters (`fc.weight`, not
+#: `module.fc.weight`), the same in every check and every world size
+WRAPPERS: tuple[type[nn.Module], ...] = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+
+
+def unwrap_module(module: nn.Module) -> nn.Module:
+    """The model inside DataParallel/DistributedDataParallel wrappers."""
+    while isinstance(module, WRAPPERS):
+        module = cast(nn.Module, module.module)
+    return module
+
+
 def parameter_names(state: State) -> dict[int, str]:
     """id(parameter) -> name, so optimizer state can be keyed by name instead of position.
 
     Names carry no prefix when one module in the State owns parameters (`fc.weight`), and
-    the entry name otherwise (`student.fc.weight`).
+    the entry name otherwise (`student.fc.weight`). Wrappers are looked through.
     """
-    owners = [(path, m) for path, m in state_objects(state, nn.Module) if any(True for _ in m.parameters())]
+    owners = [(path, unwrap_module(m)) for path, m in state_objects(state, nn.Module)
+              if any(True for _ in m.parameters())]
     names: dict[int, str] = {}
     for entry, module in owners:
         for pname, parameter in module.named_parameters():
@@ -224,6 +254,7 @@ def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[t
     if isinstance(value, torch.optim.Optimizer):
         yield name, optimizer_named_state_dict(value, names)
     elif isinstance(value, nn.Module):
+        value = unwrap_module(value)
         yield name, value.state_dict()
         for attribute, attr_value in module_plain_attributes(value).items():
             yield f"{name}.{attribute}", attr_value
@@ -364,10 +395,12 @@ def _resolve(state: State, names: list[str]) -> Any:
 
 def _member(owner: Any, name: str) -> Any:
     if isinstance(owner, (list, tuple)):
-        return owner[int(name)]
-    if isinstance(owner, dict):
-        return owner[name]
-    return getattr(owner, name)
+        member = owner[int(name)]
+    elif isinstance(owner, dict):
+        member = owner[name]
+    else:
+        member = getattr(owner, name)
+    return unwrap_module(member) if isinstance(member, nn.Module) else member
 
 
 def plain_equal(a: Any, b: Any) -> bool:

@@ -1,0 +1,153 @@
+"""`check_accumulation`: the recipe's own accumulation loop over k micro-batches vs one full-batch step.
+
+Two runs from the same seeded setup, in-process by default (or in fresh processes):
+
+- the reference: the recipe built with `accumulation_steps=1`, one `step()` per full batch;
+- the candidate: the recipe built with `accumulation_steps=k`, one `step()` per micro-batch
+  of the same full batches, cut by `split` (default `split_batch`).
+
+The run (`_run.py`) records a typed trace (`_trace.py`); the judgement (`_judge.py`) walks the
+two traces window by window and phase by phase; the diagnoses (`_diagnoses.py`) are tables of
+hypotheses tested against what was observed. By default both runs compute in float64
+(`_precision.py`), so one fixed tolerance separates rounding from bugs on any machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+from collections.abc import Sequence
+from typing import Any, cast
+
+from trainparity._accumulation._judge import judge_accumulation
+from trainparity._accumulation._run import AccumulationPayload, SplitFunction
+from trainparity._accumulation._trace import AccumulationTrace
+from trainparity._compare import resolve_comparison
+from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._precision import (
+    describe_comparison,
+    dtype_error_hint,
+    effective_comparison,
+    validate_precision,
+)
+from trainparity._recipe import Recipe, RecipeRef, import_attribute, resolve_recipe
+from trainparity._result import AccumulationResult, JsonValue, json_safe
+from trainparity._split import validate_microbatches
+
+__all__ = ["check_accumulation"]
+
+TASK = "trainparity._accumulation._run:accumulation_run"
+BATCH_DEPENDENT_MODES = ("fail", "eval")
+
+
+def _require_accumulation_parameter(recipe: object, ref: RecipeRef) -> None:
+    cls = recipe if isinstance(recipe, type) else type(recipe) if isinstance(recipe, Recipe) else ref.recipe_class()
+    init = cast(Any, cls).__init__
+    if init is not object.__init__:
+        parameters = inspect.signature(init).parameters.values()
+        if any(p.name == "accumulation_steps" or p.kind is p.VAR_KEYWORD for p in parameters):
+            return
+    raise TypeError(
+        f"{ref.name} takes no accumulation_steps parameter: give its __init__ `accumulation_steps: int = 1` "
+        "and make step() step the optimizer once every accumulation_steps calls"
+    )
+
+
+def _split_reference(split: object) -> str | None:
+    """`module:qualname` of a module-level split function, or None when it has no importable name."""
+    module, qualname = getattr(split, "__module__", None), getattr(split, "__qualname__", "")
+    if module == "__main__":
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None)
+    if not module or "<" in qualname:
+        return None
+    try:
+        return f"{module}:{qualname}" if import_attribute(module, qualname) is split else None
+    except (ImportError, AttributeError):
+        return None
+
+
+def _validate(cycles: object, seed: object, split: object, isolation: str, disable_dropout: object,
+              batch_dependent: object) -> int:
+    if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1:
+        raise ValueError(f"cycles= must be an int >= 1 (windows of k micro-batches compared), got {cycles!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    if split is not None and not callable(split):
+        raise TypeError(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
+    if split is not None and isolation != "inprocess" and _split_reference(split) is None:
+        raise TypeError(
+            f"split= must be a function defined at module level in an importable module to reach a fresh process "
+            f"(isolation={isolation!r}), got {split!r}"
+        )
+    if not isinstance(disable_dropout, bool):
+        raise TypeError(f"disable_dropout= must be True or False, got {disable_dropout!r}")
+    if batch_dependent not in BATCH_DEPENDENT_MODES:
+        raise ValueError(f"batch_dependent= must be 'fail' or 'eval', got {batch_dependent!r}")
+    return cycles
+
+
+def check_accumulation(
+    recipe: object,
+    *,
+    microbatches: int | Sequence[int] = 4,
+    cycles: int = 2,
+    comparison: object = None,
+    seed: int = 0,
+    split: SplitFunction | None = None,
+    precision: str = "float64",
+    disable_dropout: bool = True,
+    batch_dependent: str = "fail",
+    isolation: str = "inprocess",
+    timeout: float = 120.0,
+) -> AccumulationResult:
+    """Check that the recipe's accumulation over micro-batches matches one full-batch step.
+
+    `microbatches` is k (equal parts) or the sizes, e.g. (3, 3, 2). `split(batch,
+    microbatches)` cuts a full batch (default `tp.split_batch`). `cycles` windows are
+    compared. `precision="float64"` (default) runs both in float64 and, without a declared
+    comparison, judges with `FLOAT64_TOLERANCE`; `"native"` runs the recipe's own dtypes (exact
+    unless a comparison is declared). Dropout (modules and functional) is disabled in both runs
+    unless `disable_dropout=False`. A BatchNorm-like layer in training mode really makes
+    micro-batches differ: the divergence FAILs with `batch_dependent_layer`, unless
+    `batch_dependent="eval"` runs those layers in eval mode. `isolation` is "inprocess"
+    (default), "process" or "spawn"; `timeout` bounds each run in a child process. Never
+    raises for a FAIL; misuse raises TypeError/ValueError.
+    """
+    ref = resolve_recipe(recipe)
+    declared_microbatches = validate_microbatches(microbatches)
+    k = declared_microbatches if isinstance(declared_microbatches, int) else len(declared_microbatches)
+    declared = None if comparison is None else resolve_comparison(comparison)
+    precision = validate_precision(precision)
+    isolation = validate_isolation(isolation)
+    timeout = validate_timeout(timeout)
+    cycles = _validate(cycles, seed, split, isolation, disable_dropout, batch_dependent)
+    _require_accumulation_parameter(recipe, ref)
+    config: dict[str, JsonValue] = {
+        "recipe": ref.name,
+        "microbatches": json_safe(declared_microbatches),
+        "cycles": cycles,
+        "seed": seed,
+        "precision": precision,
+        "comparison": describe_comparison(declared, precision),
+        "isolation": isolation,
+        "split": "split_batch" if split is None else _split_reference(split) or getattr(split, "__qualname__", "split"),
+        "disable_dropout": disable_dropout,
+        "batch_dependent": batch_dependent,
+    }
+    reference = AccumulationPayload(ref, 1, None, None, cycles, seed, disable_dropout, precision, batch_dependent)
+    sent = split if split is None or isolation == "inprocess" else _split_reference(split)
+    candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
+    outcomes = run_jobs(
+        [Job(TASK, reference, "reference", timeout), Job(TASK, candidate, "candidate", timeout)], isolation=isolation
+    )
+    failed = first_error(outcomes)
+    if failed is not None and failed.error is not None:
+        result = AccumulationResult.errored(failed.error, config, failed.exception)
+        hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
+        if hint is not None:
+            result.notes.append(hint)
+        return result
+    reference_trace, candidate_trace = (AccumulationTrace.from_wire(o.output) for o in outcomes if o.output)
+    return judge_accumulation(reference_trace, candidate_trace, k, effective_comparison(declared, precision), config,
+                              precision, batch_dependent)

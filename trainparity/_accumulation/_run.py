@@ -1,0 +1,151 @@
+"""One side of the accumulation check: the recipe set up, then `cycles` windows observed.
+
+The reference (`microbatches=None`) gets one `step()` per full batch, each window started from
+gradients set to None (so a missing `zero_grad` in the recipe cannot hide in the reference
+too); the candidate gets one `step()` per micro-batch of the same full batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from trainparity._accumulation._trace import AccumulationTrace, Window
+from trainparity._compare import Snapshot
+from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
+from trainparity._precision import cast_batch, convert_state, require_float64, running_in
+from trainparity._recipe import LossAccounting, Recipe, RecipeRef, import_attribute
+from trainparity._snapshot import flatten, snapshot_state, to_leaf
+from trainparity._split import Microbatches, batch_size, leaves, split_batch
+from trainparity._state import optimizer_named_state_dict, seed_everything
+from trainparity._trace import loss_value, next_batch, require_state
+
+SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class AccumulationPayload:
+    """One run: the reference (`microbatches=None`) or the candidate."""
+
+    recipe: RecipeRef
+    accumulation_steps: int
+    microbatches: Microbatches | None
+    #: the function itself in-process; "module:qualname" for a child, resolved after its sys.path is set
+    split: SplitFunction | str | None
+    cycles: int
+    seed: int
+    disable_dropout: bool
+    precision: str
+    batch_dependent: str
+
+
+class _InputError(Exception):
+    """The batch cannot be cut as declared: the check's input is wrong, not the recipe."""
+
+
+def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dict[str, Any]:
+    """Task: set the recipe up and observe `cycles` windows; returns the trace in wire form."""
+    recipe = payload.recipe.build(accumulation_steps=payload.accumulation_steps)
+    # The lock covers seeding and setup() too: two in-process checks in threads share the global RNG
+    # streams, torch's default dtype and the patched functions.
+    with OBSERVATION_LOCK, running_in(payload.precision):
+        seed_everything(payload.seed)
+        state = require_state(recipe.setup(), recipe, "setup")
+        convert_state(state, payload.precision)
+
+        def before_step(entry: str, optimizer: torch.optim.Optimizer) -> None:
+            if payload.precision == "float64":
+                parameters = [p for group in optimizer.param_groups for p in group["params"]]
+                require_float64(iter(parameters), f"a parameter that optimizer '{entry}' steps")
+
+        with Observer(state, type(recipe), disable_dropout=payload.disable_dropout,
+                      record_contributions=payload.microbatches is not None,
+                      batch_dependent=payload.batch_dependent, before_step=before_step) as observer:
+            # Snapshot after dropout was disabled, so both runs are compared as they will train.
+            initial = snapshot_state(state, rng=True)
+            input_error, windows = None, []
+            try:
+                windows = _run_windows(recipe, observer, payload)
+            except _InputError as error:
+                input_error = str(error)
+            trace = AccumulationTrace(initial, input_error, windows, list(observer.optimizers), observer.dropout,
+                                      sorted(observer.batch_dependent), observer.stride)
+    return trace.to_wire()
+
+
+def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayload) -> list[Window]:
+    batches = iter(recipe.batches(observer.state))
+    try:
+        return [_observe_window(recipe, observer, payload, batches, window) for window in range(1, payload.cycles + 1)]
+    finally:
+        close = getattr(batches, "close", None)
+        if callable(close):  # a generator over a DataLoader: its workers stop now, not at garbage collection
+            close()
+
+
+def _observe_window(
+    recipe: Recipe, observer: Observer, payload: AccumulationPayload, batches: Iterator[Any], window: int
+) -> Window:
+    name = type(recipe).__name__
+    batch = cast_batch(next_batch(batches, recipe, f"window {window}"), payload.precision)
+    record = {path: to_leaf(leaf) for path, leaf in leaves(batch)}
+    if payload.microbatches is None:
+        observer.zero_grad()
+        parts: Sequence[Any] = [batch]
+    else:
+        parts = _split(batch, payload)
+    calls = []
+    for index, part in enumerate(parts):
+        observer.begin_call(index)
+        try:
+            returned = recipe.step(observer.state, part)
+        finally:
+            call = observer.end_call()
+        _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
+        calls.append(call)
+    parameters: Snapshot = {f"parameters.{n}": p.detach().to("cpu", copy=True) for n, p in observer.parameters()}
+    optimizers: Snapshot = {}
+    for entry, optimizer in observer.optimizers.items():
+        flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers)
+    schedulers: Snapshot = {}
+    for entry, scheduler in observer.schedulers.items():
+        flatten(entry, scheduler.state_dict(), schedulers)
+    return Window(record, _sizes(parts), calls, observer.take_step_events(), parameters, optimizers, schedulers)
+
+
+def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:
+    assert payload.microbatches is not None
+    k = payload.microbatches if isinstance(payload.microbatches, int) else len(payload.microbatches)
+    if payload.split is None:
+        try:
+            return split_batch(batch, payload.microbatches)
+        except ValueError as error:
+            raise _InputError(str(error)) from None
+    split = payload.split if callable(payload.split) else import_attribute(*payload.split.split(":", 1))
+    parts = split(batch, payload.microbatches)
+    if isinstance(parts, (str, bytes)) or not isinstance(parts, Sequence) or len(parts) != k:
+        got = f"{len(parts)} parts" if isinstance(parts, Sequence) else type(parts).__name__
+        raise _InputError(f"split= must return a sequence of {k} micro-batches, got {got}")
+    return parts
+
+
+def _sizes(parts: Sequence[Any]) -> list[int] | None:
+    try:
+        return [batch_size(part) for part in parts]
+    except ValueError:
+        return None
+
+
+def _record_loss(call: CallRecord, returned: Any, where: str, precision: str) -> None:
+    value = returned.value if isinstance(returned, LossAccounting) else returned
+    if precision == "float64" and isinstance(value, torch.Tensor):
+        require_float64(iter([value]), f"the loss that {where} returned")
+    call.loss = loss_value(returned, where)
+    if isinstance(returned, LossAccounting):
+        call.accounting = True
+        call.numerator = loss_value(returned.numerator, f"{where}, LossAccounting.numerator")
+        call.denominator = loss_value(returned.denominator, f"{where}, LossAccounting.denominator")
