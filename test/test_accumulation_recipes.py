@@ -447,7 +447,8 @@ class AdamWWide(tp.Recipe):
 
     def __init__(self, accumulation_steps: int = 1, width: int = 1024, batch_size: int = 16,
                  scaled: bool = True) -> None:
-        self.accumulation_steps, self.width, self.batch_size, self.scaled = accumulation_steps, width, batch_size, scaled
+        self.accumulation_steps, self.width = accumulation_steps, width
+        self.batch_size, self.scaled = batch_size, scaled
 
     def setup(self) -> tp.State:
         model = nn.Sequential(*(layer for _ in range(4) for layer in (nn.Linear(self.width, self.width), nn.ReLU())))

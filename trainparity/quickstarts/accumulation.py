@@ -17,6 +17,7 @@ from torch import nn
 
 import trainparity as tp
 
+
 class Regression(tp.Recipe):
     """A small MLP: AdamW, dropout, gradient clipping and a warmup schedule, stepped every
     `accumulation_steps` micro-batches."""
