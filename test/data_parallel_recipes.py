@@ -26,18 +26,20 @@ DATASET = 32
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, batchnorm: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(6, 8)
+        self.norm = nn.BatchNorm1d(8) if batchnorm else nn.Identity()
         self.fc2 = nn.Linear(8, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fc2(torch.tanh(self.fc1(x)))
+        out: torch.Tensor = self.fc2(torch.tanh(self.norm(self.fc1(x))))
         return out
 
 
 class DDPRecipe(tp.Recipe):
-    FAULTS = (None, "no_ddp", "grads_summed", "same_shard", "rank_drops_samples", "raises", "hangs", "dies")
+    FAULTS = (None, "no_ddp", "grads_summed", "same_shard", "rank_drops_samples", "batchnorm", "raises", "hangs",
+              "dies")
 
     def __init__(self, fault: str | None = None, global_batch: int = 4, pid_dir: str | None = None) -> None:
         if fault not in self.FAULTS:
@@ -62,7 +64,7 @@ class DDPRecipe(tp.Recipe):
             dataset, num_replicas=self.world_size, rank=rank, shuffle=True, seed=7
         )
         loader = DataLoader(dataset, batch_size=self.global_batch // self.world_size, sampler=sampler)
-        model: nn.Module = Net()
+        model: nn.Module = Net(batchnorm=self.fault == "batchnorm")
         if self.fault not in ("no_ddp", "grads_summed"):
             model = DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

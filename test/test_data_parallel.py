@@ -32,6 +32,7 @@ FAULTS: dict[str, tuple[str, int | None, str]] = {
     "grads_summed": ("gradients.fc1.weight", 0, "loss_not_averaged"),
     "same_shard": ("data.sample_ids", 1, "rank_shard_overlap"),
     "rank_drops_samples": ("data.sample_ids", None, "rank_shard_missing"),
+    "batchnorm": ("gradients.fc1.weight", 0, "batch_dependent_layer"),
 }
 
 
@@ -52,9 +53,22 @@ def test_clean_ddp_recipe_passes() -> None:
         "backend": "gloo",
         "steps": 3,
         "seed": 0,
+        "precision": "float64",
         "comparison": "tolerance(rtol=0.0001, atol=1e-06)",
         "isolation": "process",
     }
+
+
+def test_float64_judging_needs_no_declared_comparison() -> None:
+    result = check(comparison=None)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.config["comparison"] == "tolerance(rtol=1e-07, atol=1e-09), the float64 default"
+
+
+def test_batch_dependent_layer_suggests_sync_batchnorm() -> None:
+    first = check("batchnorm", comparison=None).first_violation
+    assert first is not None and first.cause == "batch_dependent_layer"
+    assert "model.norm (BatchNorm1d)" in first.message and "SyncBatchNorm" in first.message
 
 
 def test_what_cannot_be_observed_is_noted() -> None:
@@ -78,8 +92,8 @@ def test_spawned_interpreters_agree() -> None:
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
-def test_exact_comparison_fails_at_rounding_level_and_says_so() -> None:
-    result = check(comparison=None)
+def test_native_exact_comparison_fails_at_rounding_level_and_says_so() -> None:
+    result = check(comparison=None, precision="native")
     assert result.outcome is tp.Outcome.FAIL
     assert {v.kind for v in result.violations} <= {"gradient_mismatch", "parameter_mismatch"}
     assert all(v.cause is None and v.rank == 0 for v in result.violations), result.report()
@@ -124,7 +138,7 @@ class ReportSnapshot(tp.TestCase):
         result = check("rank_drops_samples", steps=1)
         self.assertExpectedInline(result.report(), """\
 trainparity data_parallel check: FAIL
-config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', isolation='process', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', isolation='process', precision='float64', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
 
 First violation: data.sample_ids (step 1, sample 6, kind: missing_id, cause: rank_shard_missing)
   The ranks' samples together are not the reference's batch (each of its samples read once by one rank).
@@ -319,7 +333,7 @@ def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
     from trainparity._data_parallel import judge_data_parallel
 
     def trace(*steps: list[int]) -> dict[str, Any]:
-        return {"optimizers": 1, "steps": [
+        return {"optimizers": 1, "batch_dependent": [], "steps": [
             {"step": i, "sample_ids": ids, "gradients": {}, "parameters": {}} for i, ids in enumerate(steps, 1)]}
 
     result = judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from trainparity import _engine
 from trainparity._compare import (
@@ -47,10 +46,20 @@ from trainparity._compare import (
 from trainparity._coverage import check_coverage
 from trainparity._coverage_policy import ExactlyOnce
 from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._observe import Observer
+from trainparity._precision import (
+    cast_batch,
+    convert_state,
+    describe_comparison,
+    dtype_error_hint,
+    effective_comparison,
+    running_in,
+    validate_precision,
+)
 from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._snapshot import to_leaf
-from trainparity._state import State, parameter_names, seed_everything, state_objects
+from trainparity._state import seed_everything
 from trainparity._trace import SampleIds, next_batch, normalize_sample_ids, require_state
 
 TASK = "trainparity._data_parallel:run_rank"
@@ -73,7 +82,6 @@ ROUNDING = {
 #: the frame of `run_rank` in a faulthandler dump: what lies below it is the engine's
 _TASK_FRAME = re.compile(r'_data_parallel\.py", line \d+ in run_rank$')
 SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
-WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
 #: ~ProcessGroupGloo joins a worker thread that waits for the GIL)
@@ -99,6 +107,7 @@ class RankPayload:
     scratch: str
     #: time.monotonic() (system-wide on Linux) at which to dump the stacks in case the run hangs
     dump_stacks_at: float
+    precision: str
 
 
 def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
@@ -143,71 +152,43 @@ def _run_rank(payload: RankPayload) -> dict[str, Any]:
         payload.backend, init_method=store.as_uri(), rank=payload.rank, world_size=payload.world_size
     )
     recipe = payload.recipe.build()
-    seed_everything(payload.seed)
-    state = require_state(recipe.setup(), recipe, "setup")
-    optimizers = [optimizer for _, optimizer in state_objects(state, torch.optim.Optimizer)]
-    steps = list(record_steps(recipe, state, optimizers, payload.steps))
+    with running_in(payload.precision):
+        seed_everything(payload.seed)
+        state = require_state(recipe.setup(), recipe, "setup")
+        convert_state(state, payload.precision)
+        with Observer(state, type(recipe), disable_dropout=False, record_contributions=False) as observer:
+            steps = list(record_steps(recipe, observer, payload))
+            batch_dependent = sorted(observer.batch_dependent)
+            optimizers = len(observer.optimizers)
     # On success only: after an error the process exits at once, which tells the peers just as well.
     dist.barrier()
     _KEPT.extend((recipe, state, dist.group.WORLD))
     dist.destroy_process_group()
-    return {"steps": steps, "optimizers": len(optimizers)}
+    return {"steps": steps, "optimizers": optimizers, "batch_dependent": batch_dependent}
 
 
-def unwrapped_parameters(state: State) -> dict[str, nn.Parameter]:
-    """The State's parameters by name as in the unwrapped model (`fc.weight`, not `module.fc.weight`)."""
-    unwrapped = State(**{name: _unwrap(state[name]) for name in state})
-    names = parameter_names(unwrapped)
-    return {
-        names[id(p)]: p
-        for _, module in state_objects(unwrapped, nn.Module)
-        for p in module.parameters()
-        if id(p) in names
-    }
-
-
-def _unwrap(value: Any) -> Any:
-    """The module inside a DDP wrapper, also in a list or dict entry (where `state_objects` looks)."""
-    if isinstance(value, dict):
-        return {key: _unwrap(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_unwrap(item) for item in value]
-    return value.module if isinstance(value, WRAPPERS) else value
-
-
-def record_steps(
-    recipe: Recipe, state: State, optimizers: Sequence[torch.optim.Optimizer], steps: int
-) -> Iterator[dict[str, Any]]:
+def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> Iterator[dict[str, Any]]:
     """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after."""
-    parameters = unwrapped_parameters(state)
-    names = {id(p): name for name, p in parameters.items()}
-    gradients: Snapshot = {}
-
-    def observe(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        position = 0
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                gradients[names.get(id(p), f"param{position}")] = to_leaf(p.grad)
-                position += 1
-
-    handles = [optimizer.register_step_pre_hook(observe) for optimizer in optimizers]
     name = type(recipe).__name__
-    try:
-        batches = iter(recipe.batches(state))
-        for step in range(1, steps + 1):
-            batch = next_batch(batches, recipe, f"step {step}")
-            ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
-            gradients.clear()
-            recipe.step(state, batch)
-            yield {
-                "step": step,
-                "sample_ids": ids,
-                "gradients": dict(gradients),
-                "parameters": {n: to_leaf(p) for n, p in parameters.items()},
-            }
-    finally:
-        for handle in handles:
-            handle.remove()
+    batches = iter(recipe.batches(observer.state))
+    for step in range(1, payload.steps + 1):
+        batch = cast_batch(next_batch(batches, recipe, f"step {step}"), payload.precision)
+        ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
+        observer.begin_call(step)
+        try:
+            recipe.step(observer.state, batch)
+        finally:
+            observer.end_call()
+        gradients: Snapshot = {}
+        for events in observer.take_step_events().values():
+            for event in events:
+                gradients.update(event.grads)
+        yield {
+            "step": step,
+            "sample_ids": ids,
+            "gradients": gradients,
+            "parameters": {n: to_leaf(p) for n, p in observer.parameters()},
+        }
 
 
 # -- the parent: run and judge ------------------------------------------------------------------------
@@ -242,6 +223,7 @@ def check_data_parallel(
     steps: int = 3,
     comparison: object = None,
     seed: int = 0,
+    precision: str = "float64",
     timeout: float = 120.0,
     isolation: str | None = None,
 ) -> DataParallelResult:
@@ -253,11 +235,14 @@ def check_data_parallel(
     check: a rank that hangs (a collective that never completes) gets every process killed.
     `isolation` is "process" (children of the warmed fork server) or "spawn" (fresh interpreters);
     by default "process", and "spawn" for nccl: a child forked from the fork server may be unable
-    to initialize CUDA.
+    to initialize CUDA. `precision="float64"` (default) runs every process in float64 and, without
+    a declared comparison, judges with the fixed float64 tolerance; `"native"` keeps the recipe's
+    dtypes (exact unless a comparison is declared).
     """
     ref = resolve_recipe(recipe)
     world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
-    declared = resolve_comparison(comparison)
+    declared = None if comparison is None else resolve_comparison(comparison)
+    precision = validate_precision(precision)
     timeout = validate_timeout(timeout)
     if isolation is None:
         isolation = "spawn" if backend == "nccl" else "process"
@@ -269,7 +254,8 @@ def check_data_parallel(
         "backend": backend,
         "steps": steps,
         "seed": seed,
-        "comparison": declared.describe(),
+        "precision": precision,
+        "comparison": describe_comparison(declared, precision),
         "isolation": isolation,
     }
     if isolation == "process":
@@ -279,7 +265,7 @@ def check_data_parallel(
         dump_at = time.monotonic() + timeout - min(1.0, timeout / 10)
 
         def job(rank: int, size: int, tag: str) -> Job:
-            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), dump_at)
+            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), dump_at, precision)
             return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
@@ -288,11 +274,15 @@ def check_data_parallel(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if error is not None:
-        return DataParallelResult.errored(error, config)
+        result = DataParallelResult.errored(error, config)
+        hint = dtype_error_hint(error.message) if precision == "float64" else None
+        if hint is not None:
+            result.notes.append(hint)
+        return result
     traces = [o.output for o in outcomes]
     assert all(trace is not None for trace in traces)
     *ranks, reference = (trace for trace in traces if trace is not None)
-    return judge_data_parallel(reference, ranks, declared, config)
+    return judge_data_parallel(reference, ranks, effective_comparison(declared, precision), config)
 
 
 def _first_error(outcomes: Sequence[JobOutcome], scratch: pathlib.Path, timeout: float) -> ChildError | None:
@@ -344,6 +334,9 @@ def judge_data_parallel(
 
     notes: list[str] = []
     data_checked = True
+    # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
+    batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace["batch_dependent"]
+                              if not module.endswith("(SyncBatchNorm)")})
     for index, expected in enumerate(reference["steps"]):
         step: int = expected["step"]
         observed = [rank["steps"][index] for rank in ranks]
@@ -374,6 +367,14 @@ def judge_data_parallel(
                     f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the "
                     "gradients) was summed across ranks where the full batch takes a mean."
                 )
+            elif cause is None and batch_dependent:
+                cause = step_cause = "batch_dependent_layer"
+                preface = (
+                    "Rank 0's gradients at its optimizer step differ from the reference's: "
+                    f"{', '.join(batch_dependent)} normalize by the statistics of the batch each process sees in "
+                    "training mode, and a rank's shard has other statistics than the full batch. To normalize over "
+                    "the whole batch across ranks, convert them with nn.SyncBatchNorm.convert_sync_batchnorm(model)."
+                )
             add(_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a)
         for rank, other in enumerate(observed[1:], start=1):
             for m in compare_snapshots(first["parameters"], other["parameters"], comparison):
@@ -392,8 +393,8 @@ def judge_data_parallel(
     if violations and all(rounding):
         notes.append(
             "every difference is within torch.testing's default tolerance for its dtype: ranks reduce the batch "
-            "in another order than one process, which changes rounding. If that is acceptable, declare "
-            "comparison=tp.ToleranceComparison(rtol=..., atol=...)."
+            "in another order than one process, which changes rounding. If that is acceptable, judge in float64 "
+            "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
         )
     return DataParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
 
