@@ -16,8 +16,7 @@ class TestShapesClassifier(tp.TestCase):
         self.assertResumeEquivalent(ShapesClassifier, steps=8, resume_at=3, timeout=120)
 
     def test_accumulating_four_micro_batches_matches_one_full_batch(self):
-        self.assertAccumulationEquivalent(ShapesClassifier, microbatches=4,
-                                          comparison=tp.ToleranceComparison(rtol=1e-4, atol=1e-6))
+        self.assertAccumulationEquivalent(ShapesClassifier, microbatches=4)
 
     def test_two_ranks_see_every_sample_once_per_epoch_in_a_new_order(self):
         epochs = [rank_loaders(epoch, world=2) for epoch in range(2)]

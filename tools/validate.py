@@ -48,8 +48,8 @@ warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\
 
 SURFACES = ("resume", "accumulation", "coverage")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
-#: accumulating micro-batch gradients adds the same numbers in another order: a declared rounding tolerance
-ACCUMULATION = {"microbatches": 4, "cycles": 2, "comparison": tp.ToleranceComparison(rtol=1e-4, atol=1e-6)}
+#: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
+ACCUMULATION = {"microbatches": 4, "cycles": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +187,7 @@ CASES = [
          accumulation(CharLM, "small_batch_guard"), Expect("optimizer_steps", "missing_step")),
     Case("accumulation", "charlm", "scheduler_per_microbatch", "scheduler.step() on every micro-batch",
          accumulation(CharLM, "scheduler_per_microbatch"),
-         Expect("parameters.embed.weight", "scheduler_per_microbatch")),
+         Expect("optimizer.param_groups.0.lr", "scheduler_per_microbatch")),
     Case("accumulation", "charlm", "clip_before_unscale", "clip_grad_norm_ without scaler.unscale_",
          accumulation(CharLM, "clip_before_unscale"),
          Expect("gradients.embed.weight", "unscale_before_clip_missing")),
@@ -345,8 +345,8 @@ def document(rows: list[Row], total: float) -> str:
         "",
         *environment(),
         "",
-        "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, "
-        "`ToleranceComparison(rtol=1e-4, atol=1e-6)`.",
+        "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, judged in "
+        "float64 (the default `precision`) with its fixed tolerance.",
         "",
     ]
     for surface in SURFACES:
