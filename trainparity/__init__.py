@@ -5,15 +5,17 @@ A thin public namespace over private modules; importing it starts no process.
 
 from trainparity._accumulation import check_accumulation
 from trainparity._compare import ExactComparison, ToleranceComparison
-from trainparity._coverage import check_coverage
-from trainparity._coverage_policy import (
+from trainparity._coverage import (
     AtLeastOnce,
+    CoverageRecorder,
     DistinctEpochOrder,
     ExactlyOnce,
     ExpectedPadding,
     NoCrossRankOverlap,
+    WorkerBatch,
+    check_coverage,
+    tag_workers,
 )
-from trainparity._coverage_record import CoverageRecorder, WorkerBatch, tag_workers
 from trainparity._data_parallel import check_data_parallel
 from trainparity._recipe import LossAccounting, Recipe
 from trainparity._result import (

@@ -43,8 +43,7 @@ from trainparity._compare import (
     compare_snapshots,
     resolve_comparison,
 )
-from trainparity._coverage import check_coverage
-from trainparity._coverage_policy import ExactlyOnce
+from trainparity._coverage import ExactlyOnce, check_coverage
 from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._observe import Observer
 from trainparity._precision import (
@@ -58,9 +57,10 @@ from trainparity._precision import (
 )
 from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
+from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import to_leaf
 from trainparity._state import seed_everything
-from trainparity._trace import SampleIds, next_batch, normalize_sample_ids, require_state
+from trainparity._trace import next_batch, require_state
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"

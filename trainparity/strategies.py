@@ -26,14 +26,14 @@ import hypothesis
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainparity._coverage_policy import (
+from trainparity._coverage import (
     CoveragePolicy,
     DistinctEpochOrder,
     ExactlyOnce,
     ExpectedPadding,
     NoCrossRankOverlap,
+    tag_workers,
 )
-from trainparity._coverage_record import tag_workers
 from trainparity._recipe import set_sampler_epoch
 
 __all__ = [

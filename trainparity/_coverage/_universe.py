@@ -1,112 +1,24 @@
-"""Coverage policies: what each observation window must satisfy, and the universe of IDs they declare.
+"""A declared universe of sample IDs as arrays: observed IDs are encoded as their position in it.
 
-A policy only states the rule; `Universe` turns its declared universe into arrays once per
-check, and the audit (`_coverage_audit.py`) judges every policy in one pass.
+`Universe.build` turns a policy's universe (range, list, set, array, tensor) into the fastest
+encoding that fits it: an arithmetic progression, a dense lookup table, or sorted values.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, ClassVar
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import torch
 
-from trainparity._trace import sample_id_array
+from trainparity._sample_ids import IdArray, sample_id_array
 
-IdArray = np.ndarray[Any, Any]
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table
 DENSE_SPAN_FACTOR = 4
 _INT64 = np.iinfo(np.int64)
-
-
-class CoveragePolicy:
-    """Base of the coverage policies; use the concrete ones (`tp.ExactlyOnce`, ...)."""
-
-    #: whether this policy needs the universe of IDs (it ABSTAINs when that is None)
-    needs_universe: ClassVar[bool] = False
-    universe: UniverseLike = None
-
-    def describe(self) -> str:
-        return f"{type(self).__name__}()"
-
-    def __repr__(self) -> str:
-        return self.describe()
-
-
-class _UniversePolicy(CoveragePolicy):
-    needs_universe = True
-
-    def __init__(self, universe: UniverseLike) -> None:
-        self.universe = _validated_universe(universe, type(self).__name__)
-
-    def describe(self) -> str:
-        return f"{type(self).__name__}({describe_universe(self.universe)})"
-
-
-class ExactlyOnce(_UniversePolicy):
-    """Every ID of `universe` is observed exactly once per window, across all ranks.
-
-    Violations: `same_rank_duplicate`, `cross_rank_duplicate`, `unexpected_id`, `missing_id`.
-    `universe=None` (unknown) makes the check ABSTAIN.
-    """
-
-
-class AtLeastOnce(_UniversePolicy):
-    """Every ID of `universe` is observed at least once per window; repeats are allowed.
-
-    Violations: `unexpected_id`, `missing_id`. `universe=None` (unknown) makes the check ABSTAIN.
-    """
-
-
-class ExpectedPadding(_UniversePolicy):
-    """Every ID of `universe` at least once per window, plus exactly `padding` extra observations.
-
-    The extra observations are those beyond one per ID of the universe: what
-    `DistributedSampler(drop_last=False)` adds to make the window divisible by the world size.
-    Violations: `unexpected_id`, `missing_id`, `padding_count`.
-    """
-
-    def __init__(self, universe: UniverseLike, *, padding: int) -> None:
-        super().__init__(universe)
-        if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-            raise ValueError(f"ExpectedPadding(padding=...) must be an int >= 0, got {padding!r}")
-        self.padding = int(padding)
-
-    def describe(self) -> str:
-        return f"ExpectedPadding({describe_universe(self.universe)}, padding={self.padding})"
-
-
-class NoCrossRankOverlap(CoveragePolicy):
-    """No ID observed by one rank is observed by another rank in the same window.
-
-    Repeats within one rank are allowed. Violation: `cross_rank_duplicate`.
-    """
-
-
-class DistinctEpochOrder(CoveragePolicy):
-    """No rank observes the same sequence of IDs in two windows (epochs): the missing `set_epoch` bug.
-
-    Streams of fewer than 2 IDs are not judged (they have only one order). Needs at least two
-    windows, otherwise the check ABSTAINs. Violation: `repeated_epoch_order`.
-    """
-
-
-def _validated_universe(universe: object, policy: str) -> UniverseLike:
-    if universe is None or isinstance(universe, (range, np.ndarray, torch.Tensor)):
-        return universe
-    if isinstance(universe, bool) or isinstance(universe, (int, np.integer)):
-        raise TypeError(f"{policy}(universe) takes a collection of IDs, got the int {universe!r}: "
-                        f"pass range({universe}) for the IDs 0..{int(universe) - 1}")
-    if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
-        raise TypeError(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or None, "
-                        f"got {type(universe).__name__}")
-    # A one-shot iterator's IDs are kept for reuse; a mapping's IDs are its keys.
-    if iter(universe) is universe or not isinstance(universe, Sized) or isinstance(universe, Mapping):
-        return list(universe)
-    return universe
 
 
 def describe_universe(universe: UniverseLike) -> str:
@@ -114,26 +26,6 @@ def describe_universe(universe: UniverseLike) -> str:
         return repr(universe)
     size = universe.numel() if isinstance(universe, torch.Tensor) else len(universe)  # type: ignore[arg-type]
     return f"<{size} IDs>"
-
-
-def resolve_policies(policy: object) -> list[CoveragePolicy]:
-    """Validate `policy=`: one policy or a non-empty list of them."""
-    items = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-    policies: list[CoveragePolicy] = []
-    if not items:
-        raise ValueError("policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
-    for item in items:
-        if isinstance(item, type) and issubclass(item, CoveragePolicy):
-            raise TypeError(f"policy= got the class {item.__name__}; pass an instance, e.g. tp.{item.__name__}"
-                            f"({'' if not item.needs_universe else 'range(n)'})")
-        if not isinstance(item, CoveragePolicy):
-            raise TypeError(
-                "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), "
-                f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of them, "
-                f"got {type(item).__name__}"
-            )
-        policies.append(item)
-    return policies
 
 
 @dataclasses.dataclass
@@ -259,17 +151,3 @@ def _raise_duplicate(values: IdArray) -> None:
     unique, counts = np.unique(values, return_counts=True)
     raise ValueError(f"the universe lists ID {unique[counts > 1][0].item()!r} more than once; "
                      "a universe is a set of distinct IDs")
-
-
-def shared_universe(policies: Sequence[CoveragePolicy]) -> Universe | None:
-    """The one declared universe of these policies (None if none declares one)."""
-    found: Universe | None = None
-    for policy in policies:
-        if not policy.needs_universe or policy.universe is None:
-            continue
-        universe = Universe.build(policy.universe)
-        if found is not None and not found.same_as(universe):
-            raise ValueError(f"the policies declare different universes ({found.description} and "
-                             f"{universe.description}); run one check per universe")
-        found = found or universe
-    return found

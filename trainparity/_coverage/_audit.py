@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from trainparity._coverage_policy import IdArray, Universe
+from trainparity._coverage._universe import Universe
+from trainparity._sample_ids import IdArray
 
 #: violation kinds in the order the audit reports ties (same observation, or end of a window)
 KINDS = (

@@ -1,7 +1,7 @@
 """`check_coverage`: audit the sample IDs that ranks observed, window by window (epoch by epoch).
 
 Collection iterates the user's iterables (DataLoaders, samplers, batch samplers, lists) rank
-by rank and turns every batch into a numpy array of IDs; the audit (`_coverage_audit.py`)
+by rank and turns every batch into a numpy array of IDs; the audit (`_audit.py`)
 judges the policies over those arrays; this module turns its findings into `tp.Violation`s
 with messages. An exception raised by the user's iterables or `sample_ids` is an ERROR
 result; IDs that are not ints or strings are a TypeError naming the batch and position.
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from trainparity._child import error_record
-from trainparity._coverage_audit import (
+from trainparity._coverage._audit import (
     CROSS_RANK,
     KINDS,
     MISSING,
@@ -31,20 +31,20 @@ from trainparity._coverage_audit import (
     Plan,
     audit,
 )
-from trainparity._coverage_policy import (
+from trainparity._coverage._policy import (
     AtLeastOnce,
     CoveragePolicy,
     DistinctEpochOrder,
     ExactlyOnce,
     ExpectedPadding,
-    IdArray,
     NoCrossRankOverlap,
-    Universe,
     resolve_policies,
     shared_universe,
 )
-from trainparity._coverage_record import CoverageRecorder, WorkerBatch, batch_id_array
+from trainparity._coverage._record import CoverageRecorder, WorkerBatch
+from trainparity._coverage._universe import Universe
 from trainparity._result import ChildError, CoverageResult, JsonValue, Outcome, Violation
+from trainparity._sample_ids import IdArray, batch_id_array
 
 Window = tuple[int, Mapping[int, Any]]
 

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from trainparity._coverage_policy import IdArray
-from trainparity._trace import sample_id_array
+from trainparity._sample_ids import IdArray, batch_id_array
 
 
 class WorkerBatch(NamedTuple):
@@ -46,18 +45,6 @@ def tag_workers(collate_fn: Callable[[Any], Any] | None = None) -> Callable[[Any
 def _collate_tagged(collate_fn: Callable[[Any], Any], samples: Any) -> WorkerBatch:
     info = torch.utils.data.get_worker_info()
     return WorkerBatch(collate_fn(samples), None if info is None else int(info.id))
-
-
-def batch_id_array(ids: Any, where: str, *, copy: bool) -> IdArray:
-    """One batch's IDs as an int64 or str array; a lone int or string is a batch of one.
-
-    With `copy`, the array never shares memory with `ids`: a pipeline may refill the buffer of
-    the batch it yielded before.
-    """
-    if isinstance(ids, (int, np.integer, str)) and not isinstance(ids, (bool, np.bool_)):
-        return np.array([ids], dtype=np.str_ if isinstance(ids, str) else np.int64)
-    array = sample_id_array(ids, where)
-    return array.copy() if copy and (array is ids or not array.flags.owndata) else array
 
 
 class _Stream:

@@ -1,0 +1,102 @@
+"""Sample IDs: what a batch's `sample_ids` returned, as a flat int64 or str array, or a TypeError naming where.
+
+Shared by the resume and data-parallel traces (`normalize_sample_ids`, a list per step) and the
+coverage audit (`sample_id_array`, `batch_id_array`). Needs numpy and torch only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+SampleIds = list[int | str]
+IdArray = np.ndarray[Any, Any]
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def normalize_sample_ids(ids: Any, where: str) -> SampleIds | None:
+    """Sample IDs as a list of ints or strings; anything else is a TypeError naming the place."""
+    if ids is None:
+        return None
+    ids_list: SampleIds = sample_id_array(ids, where).tolist()
+    return ids_list
+
+
+def sample_id_array(ids: Any, where: str) -> IdArray:
+    """Sample IDs as a flat int64 or str array; anything else is a TypeError naming `where` and the position.
+
+    IDs are ints (Python, numpy, integer tensors) or strings, not both in one batch. Tensors,
+    arrays and lists of plain ints or of plain strings are converted without a Python loop.
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"{where}: sample IDs must be integers or strings, got a {ids.dtype} tensor")
+        ids = ids.detach().cpu().numpy()
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind in "iu":
+            if ids.dtype == np.uint64 and ids.size and int(ids.max()) > _INT64_MAX:
+                raise TypeError(f"{where}: sample IDs must fit in int64, got {int(ids.max())}")
+            return ids.reshape(-1).astype(np.int64, copy=False)
+        if ids.dtype.kind == "U":
+            return ids.reshape(-1)
+        if ids.dtype.kind != "O":
+            raise TypeError(f"{where}: sample IDs must be integers or strings, got an array of {ids.dtype}")
+        ids = ids.reshape(-1).tolist()
+    if isinstance(ids, Mapping):  # iterating it would take its keys (field names) for IDs
+        keys = list(ids)
+        example = f"lambda batch: batch[{keys[0]!r}]" if keys else "lambda batch: batch[...]"
+        raise TypeError(f"{where}: sample IDs must be a sequence of ints or strings, got a {type(ids).__name__} with "
+                        f"keys {keys[:8]}; extract the IDs from the batch with sample_ids, e.g. {example}")
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise TypeError(f"{where}: sample_ids() must return a sequence of IDs, got {type(ids).__name__}")
+    values = ids if isinstance(ids, (list, tuple)) else list(ids)
+    kinds = set(map(type, values))
+    if kinds <= {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            raise TypeError(f"{where}: sample IDs must fit in int64") from None
+    if kinds == {str}:
+        return np.array(values, dtype=np.str_)
+    return _checked_id_array(values, where)
+
+
+def _checked_id_array(values: list[Any] | tuple[Any, ...], where: str) -> IdArray:
+    """The slow path: numpy integers, 0-d integer tensors, and a precise error for anything else."""
+    out: SampleIds = []
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and value.ndim == 0 and not (
+            value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool
+        ):
+            value = int(value)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
+            fields = isinstance(value, (torch.Tensor, np.ndarray, list, tuple, dict))
+            raise TypeError(
+                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r}; "
+                "IDs must be ints or strings"
+                + ("; a batch of several fields? extract the IDs with sample_ids, e.g. lambda batch: batch[0]"
+                   if fields else "")
+            )
+        if out and isinstance(value, str) != isinstance(out[0], str):
+            raise TypeError(
+                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r} but position 0 is "
+                f"{type(out[0]).__name__} {out[0]!r}; IDs must be all ints or all strings"
+            )
+        out.append(value if isinstance(value, str) else int(value))
+    return np.array(out, dtype=np.str_ if out and isinstance(out[0], str) else np.int64)
+
+
+def batch_id_array(ids: Any, where: str, *, copy: bool) -> IdArray:
+    """One batch's IDs as an int64 or str array; a lone int or string is a batch of one.
+
+    With `copy`, the array never shares memory with `ids`: a pipeline may refill the buffer of
+    the batch it yielded before.
+    """
+    if isinstance(ids, (int, np.integer, str)) and not isinstance(ids, (bool, np.bool_)):
+        return np.array([ids], dtype=np.str_ if isinstance(ids, str) else np.int64)
+    array = sample_id_array(ids, where)
+    return array.copy() if copy and (array is ids or not array.flags.owndata) else array
