@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import multiprocessing
+import os
 import unittest
 
 import numpy as np
 import torch
+from process_helpers import still_running
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, SequentialSampler
 
 import trainparity as tp
@@ -35,6 +38,21 @@ class Sharded(Replayed):
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         return iter(range(worker, self.size, workers))
+
+
+class FailingAt(torch.utils.data.Dataset[tuple[int, int]]):
+    """Sample i is (i, the PID of the process that loaded it); loading sample `fail_at` raises."""
+
+    def __init__(self, size: int, fail_at: int) -> None:
+        self.size, self.fail_at = size, fail_at
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if index == self.fail_at:
+            raise ValueError(f"sample {index} is corrupt")
+        return index, os.getpid()
 
 
 def sharded_loaders(size: int, world: int, *, rank_of=lambda r: r, drop_last: bool = False, shuffle: bool = False,
@@ -388,6 +406,82 @@ class TestInputs(unittest.TestCase):
         result = tp.check_coverage({0: loader}, policy=tp.NoCrossRankOverlap(), sample_ids=ids)
         self.assertEqual(result.outcome, tp.Outcome.ERROR)
         self.assertEqual(set(multiprocessing.active_children()) - before, set())  # the DataLoader's worker stopped
+
+    def test_ids_that_raise_while_they_are_read_are_an_error_result(self) -> None:
+        def lookup_fails(batch):  # type: ignore[no-untyped-def]
+            yield batch[0]
+            raise LookupError("no such sample")
+
+        class Unreadable:
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                raise KeyError("shard")
+
+        cases = [
+            ({0: [[0, 1]]}, lookup_fails, "sample_ids() at epoch 0, rank 0, batch 0", "LookupError"),
+            ({0: [[0]], 1: [[1], Unreadable()]}, None, "epoch 0, rank 1, batch 1", "KeyError"),
+            ({0: [[0]]}, lambda batch: map(lambda i: 1 // (i - i), batch), "sample_ids() at epoch 0, rank 0, batch 0",
+             "ZeroDivisionError"),
+        ]
+        for ranks, sample_ids, phase, exc_type in cases:
+            with self.subTest(phase=phase, exc_type=exc_type):
+                result = tp.check_coverage(ranks, policy=tp.NoCrossRankOverlap(), sample_ids=sample_ids)
+                self.assertEqual(result.outcome, tp.Outcome.ERROR, result.report())
+                assert result.error is not None
+                self.assertEqual((result.error.phase, result.error.exc_type), (phase, exc_type))
+                self.assertEqual(type(result.exception).__name__, exc_type)
+        # IDs read from a generator are judged like any others; IDs of the wrong type stay a TypeError
+        result = tp.check_coverage({0: [[0, 1]], 1: [[1]]}, policy=tp.NoCrossRankOverlap(),
+                                   sample_ids=lambda batch: (i for i in batch))
+        self.assertEqual(observed(result), [("cross_rank_duplicate", 0, 0, 1, 1, None)])
+
+        class BadRepr:
+            def __repr__(self) -> str:
+                raise RuntimeError("repr")
+
+        for ids, message in (((i / 2 for i in range(2)), "batch 0: sample ID at position 0 is float 0.0"),
+                             ([0, BadRepr()], "batch 0: sample ID at position 1 is BadRepr <BadRepr object>")):
+            with self.subTest(message), self.assertRaises(TypeError) as caught:
+                tp.check_coverage({0: [ids]}, policy=tp.NoCrossRankOverlap())
+            self.assertIn(message, str(caught.exception))
+
+    def test_nothing_is_read_when_no_policy_can_be_judged(self) -> None:
+        read = []
+
+        def endless():  # type: ignore[no-untyped-def]
+            for i in range(1000):  # endless in spirit; bounded so that a regression fails instead of hanging
+                read.append(i)
+                yield [i]
+            raise AssertionError("the stream ran out")
+
+        result = tp.check_coverage({0: endless()}, policy=tp.ExactlyOnce(None))
+        self.assertEqual((result.outcome, read), (tp.Outcome.ABSTAIN, []))
+        self.assertIn("the universe is unknown", result.reason or "")
+        result = tp.check_coverage({0: endless(), 1: endless()},
+                                   policy=[tp.AtLeastOnce(None), tp.DistinctEpochOrder()])
+        self.assertEqual((result.outcome, read), (tp.Outcome.ABSTAIN, []))
+        self.assertIn("one epoch was observed", result.reason or "")
+        self.assertEqual(result.config["ranks"], [0, 1])
+
+    def test_an_error_result_lets_the_dataloader_workers_go(self) -> None:
+        pids: set[int] = set()
+
+        def ids(batch):  # type: ignore[no-untyped-def]
+            pids.update(batch[1].tolist())
+            return batch[0]
+
+        loader = DataLoader(FailingAt(16, fail_at=12), batch_size=2, num_workers=2)
+        result = tp.check_coverage({0: loader}, policy=tp.NoCrossRankOverlap(), sample_ids=ids)
+        try:
+            self.assertEqual(result.outcome, tp.Outcome.ERROR)
+            assert result.error is not None and result.exception is not None
+            self.assertEqual((result.error.phase, result.error.exc_type), ("epoch 0, rank 0, batch 6", "ValueError"))
+            self.assertIn("sample 12 is corrupt", result.error.traceback)
+            self.assertEqual(len(pids), 2)  # both workers loaded batches before the failure
+            self.assertIsNotNone(result.exception.__traceback__)  # kept, with its lines, but not its locals
+            self.assertEqual(still_running(sorted(pids), grace=10.0), [])
+        finally:
+            del result
+            gc.collect()
 
     def test_an_iterable_that_is_its_own_iterator_is_not_closed_between_epochs(self) -> None:
         class Stream:

@@ -18,6 +18,18 @@ IdArray = np.ndarray[Any, Any]
 _INT64_MAX = np.iinfo(np.int64).max
 
 
+def read_ids(ids: Any) -> Any:
+    """`ids` with a lazy or one-shot iterable (a generator, `map`, a custom iterable) read into a list.
+
+    Reading is the one step of the conversion that runs the user's code; the caller guards it, so
+    that what it raises is told apart from the TypeError `sample_id_array` raises for IDs of the
+    wrong type. Tensors, arrays, lists, tuples, strings, mappings and scalars are returned as they are.
+    """
+    if isinstance(ids, (torch.Tensor, np.ndarray, list, tuple, str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+        return ids
+    return list(ids)
+
+
 def normalize_sample_ids(ids: Any, where: str) -> SampleIds | None:
     """Sample IDs as a list of ints or strings; anything else is a TypeError naming the place."""
     if ids is None:
@@ -76,18 +88,26 @@ def _checked_id_array(values: list[Any] | tuple[Any, ...], where: str) -> IdArra
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, str, np.integer)):
             fields = isinstance(value, (torch.Tensor, np.ndarray, list, tuple, dict))
             raise TypeError(
-                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r}; "
+                f"{where}: sample ID at position {position} is {type(value).__name__} {_shown(value)}; "
                 "IDs must be ints or strings"
                 + ("; a batch of several fields? extract the IDs with sample_ids, e.g. lambda batch: batch[0]"
                    if fields else "")
             )
         if out and isinstance(value, str) != isinstance(out[0], str):
             raise TypeError(
-                f"{where}: sample ID at position {position} is {type(value).__name__} {value!r} but position 0 is "
-                f"{type(out[0]).__name__} {out[0]!r}; IDs must be all ints or all strings"
+                f"{where}: sample ID at position {position} is {type(value).__name__} {_shown(value)} but position 0 "
+                f"is {type(out[0]).__name__} {out[0]!r}; IDs must be all ints or all strings"
             )
         out.append(value if isinstance(value, str) else int(value))
     return np.array(out, dtype=np.str_ if out and isinstance(out[0], str) else np.int64)
+
+
+def _shown(value: object) -> str:
+    """The value's repr for a message; a repr that raises (the user's class) does not hide the real problem."""
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001
+        return f"<{type(value).__name__} object>"
 
 
 def batch_id_array(ids: Any, where: str, *, copy: bool) -> IdArray:

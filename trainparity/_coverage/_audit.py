@@ -89,6 +89,11 @@ class Plan:
     paddings: tuple[int, ...] = ()
     epoch_order: bool = False
 
+    @property
+    def judges_anything(self) -> bool:
+        return self.unexpected or self.universe_duplicates or self.cross_rank or self.missing or \
+            bool(self.paddings) or self.epoch_order
+
 
 #: the columns a finding may carry besides its kind, window and sort order (-1 where it does not apply)
 COLUMNS = (

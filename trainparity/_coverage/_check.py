@@ -1,22 +1,21 @@
 """`check_coverage`: audit the sample IDs that ranks observed, window by window (epoch by epoch).
 
-Collection iterates the user's iterables (DataLoaders, samplers, batch samplers, lists) rank
-by rank and turns every batch into a numpy array of IDs; the audit (`_audit.py`)
-judges the policies over those arrays; this module turns its findings into `tp.Violation`s
-with messages. An exception raised by the user's iterables or `sample_ids` is an ERROR
-result; IDs that are not ints or strings are a TypeError naming the batch and position.
+The policies are planned first (when none can be judged, the check ABSTAINs before reading
+anything); collection (`_collect.py`) iterates the user's iterables (DataLoaders, samplers,
+batch samplers, lists) rank by rank into numpy arrays of IDs; the audit (`_audit.py`) judges
+the policies over those arrays; this module turns its findings into `tp.Violation`s with
+messages. An exception raised by the user's code (iterables, `sample_ids`, what it returns)
+is an ERROR result; IDs that are not ints or strings are a TypeError naming the batch and position.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
-from trainparity._child import error_record
 from trainparity._coverage._audit import (
     CROSS_RANK,
     KINDS,
@@ -31,6 +30,7 @@ from trainparity._coverage._audit import (
     Plan,
     audit,
 )
+from trainparity._coverage._collect import UserCodeFailed, Window, collect
 from trainparity._coverage._policy import (
     AtLeastOnce,
     CoveragePolicy,
@@ -41,12 +41,10 @@ from trainparity._coverage._policy import (
     resolve_policies,
     shared_universe,
 )
-from trainparity._coverage._record import CoverageRecorder, WorkerBatch
+from trainparity._coverage._record import CoverageRecorder
 from trainparity._coverage._universe import Universe
-from trainparity._result import ChildError, CoverageResult, JsonValue, Outcome, Violation
-from trainparity._sample_ids import IdArray, batch_id_array
-
-Window = tuple[int, Mapping[int, Any]]
+from trainparity._result import CoverageResult, JsonValue, Outcome, Violation
+from trainparity._sample_ids import IdArray
 
 
 def check_coverage(
@@ -80,11 +78,13 @@ def check_coverage(
     }
     if max_violations is not None:
         config["max_violations"] = max_violations
-    try:
-        observations = _collect(windows, sample_ids)
-    except _UserCodeFailed as failure:
-        return failure.result(config)
     plan, abstained = _plan(policies, len(windows))
+    if not plan.judges_anything:  # decided before reading anything: the input may be an endless stream
+        return CoverageResult(Outcome.ABSTAIN, [], [], config, reason="; ".join(abstained))
+    try:
+        observations = collect(windows, sample_ids)
+    except UserCodeFailed as failure:
+        return failure.result(config)
     findings, coded = audit(observations, plan)
     violations = _violations(findings, observations, coded, plan.universe, max_violations)
     notes = list(findings.notes)
@@ -126,124 +126,6 @@ def _windows(ranks: object) -> list[Window]:
                 raise TypeError(f"ranks[{rank}] (epoch {label}) must be an iterable of batches (a DataLoader, "
                                 f"sampler, batch sampler or list), got {type(iterable).__name__}")
     return windows
-
-
-class _UserCodeFailed(Exception):
-    """The user's iterable or sample_ids raised: the check ends in ERROR."""
-
-    def __init__(self, error: Exception, phase: str, rank: int) -> None:
-        super().__init__(phase)
-        self.error, self.phase, self.rank = error, phase, rank
-
-    def result(self, config: dict[str, Any]) -> CoverageResult:
-        error = ChildError.raised(error_record(self.error), self.phase, self.rank)
-        return CoverageResult.errored(error, config, self.error)
-
-
-class _IdBuffer:
-    """Every batch's IDs, copied in as the batch arrives (the pipeline may refill a batch's buffer later).
-
-    Grows by doubling; a first batch as large as the whole input (IDs already extracted) is copied once.
-    """
-
-    def __init__(self) -> None:
-        self._data: IdArray = np.empty(0, dtype=np.int64)
-        self.size = 0
-
-    def append(self, ids: IdArray) -> None:
-        end = self.size + len(ids)
-        dtype = np.promote_types(self._data.dtype, ids.dtype) if self.size else ids.dtype  # wider strings
-        if end > len(self._data) or dtype != self._data.dtype:
-            grown = np.empty(max(end, 2 * len(self._data)), dtype=dtype)
-            grown[:self.size] = self._data[:self.size]
-            self._data = grown
-        self._data[self.size:end] = ids
-        self.size = end
-
-    def array(self) -> IdArray:
-        return self._data[:self.size]
-
-
-def _collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
-    """Iterate every rank's batches into one array of IDs with its segment and batch tables."""
-    buffer = _IdBuffer()
-    segment_starts, segment_window, segment_rank, segment_batches = [0], [], [], [0]
-    batch_starts: list[int] = []
-    batch_workers: list[int] = []
-    total = 0
-    first_kind: tuple[str, str] | None = None
-    for window, (label, mapping) in enumerate(windows):
-        for rank in sorted(mapping):
-            phase = f"epoch {label}, rank {rank}"
-            try:
-                iterator = iter(mapping[rank])
-            except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
-                raise _UserCodeFailed(error, phase, int(rank)) from error
-            index = 0
-            try:
-                while True:
-                    where = f"{phase}, batch {index}"
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        break
-                    except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
-                        raise _UserCodeFailed(error, where, int(rank)) from error
-                    worker = None
-                    if isinstance(batch, WorkerBatch):
-                        batch, worker = batch.batch, batch.worker
-                    if sample_ids is None:
-                        ids = batch
-                    else:
-                        try:
-                            ids = sample_ids(batch)
-                        except Exception as error:  # noqa: BLE001 - the user's sample_ids failed: an ERROR result
-                            raise _UserCodeFailed(error, f"sample_ids() at {where}", int(rank)) from error
-                    array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
-                    if len(array):
-                        kind = "str" if array.dtype.kind == "U" else "int"
-                        if first_kind is None:
-                            first_kind = (kind, where)
-                        elif kind != first_kind[0]:
-                            raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
-                                            f"{first_kind[0]} IDs; IDs must be all ints or all strings")
-                        buffer.append(array)
-                    batch_starts.append(total)
-                    batch_workers.append(_worker(worker, where))
-                    total += len(array)
-                    index += 1
-            finally:
-                # On an error, the traceback the result keeps holds this frame: release the iterator now, so
-                # that a DataLoader's workers stop (and a generator's cleanup runs) instead of living on with it.
-                # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
-                if isinstance(iterator, types.GeneratorType):
-                    iterator.close()
-                del iterator
-            segment_starts.append(total)
-            segment_window.append(window)
-            segment_rank.append(int(rank))
-            segment_batches.append(len(batch_starts))
-    as_array = np.array
-    return Observations(
-        ids=buffer.array(),
-        segment_starts=as_array(segment_starts, dtype=np.int64),
-        segment_window=as_array(segment_window, dtype=np.int64),
-        segment_rank=as_array(segment_rank, dtype=np.int64),
-        segment_batches=as_array(segment_batches, dtype=np.int64),
-        batch_starts=as_array(batch_starts, dtype=np.int64),
-        batch_workers=as_array(batch_workers, dtype=np.int64),
-        epochs=[label for label, _ in windows],
-        ranks=sorted({int(rank) for _, mapping in windows for rank in mapping}),
-    )
-
-
-def _worker(worker: object, where: str) -> int:
-    if worker is None:
-        return -1
-    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
-        raise TypeError(f"check_coverage: {where} is a WorkerBatch whose worker is {worker!r}; "
-                        "it must be an int >= 0 or None")
-    return int(worker)
 
 
 def _plan(policies: list[CoveragePolicy], windows: int) -> tuple[Plan, list[str]]:

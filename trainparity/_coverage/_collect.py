@@ -1,0 +1,177 @@
+"""Collection: iterate the user's iterables rank by rank into one array of IDs with its segment and batch tables.
+
+Everything the user's code does here (`iter()`, `next()`, `sample_ids(batch)`, reading the
+iterable that a batch or `sample_ids` returned) runs inside a guard: an exception it raises
+becomes `UserCodeFailed`, which `check_coverage` turns into an ERROR result. IDs of the wrong
+type are this module's own TypeError naming the batch and position, raised as it is.
+
+An iterator is released as soon as its rank is done or fails: a generator is closed (its
+cleanup runs), and a multiprocessing DataLoader iterator that did not finish shuts its workers
+down. The traceback an ERROR result keeps would otherwise keep that iterator, and its worker
+processes, alive as long as the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from trainparity._child import error_record
+from trainparity._coverage._audit import Observations
+from trainparity._coverage._record import WorkerBatch
+from trainparity._result import ChildError, CoverageResult, JsonValue
+from trainparity._sample_ids import IdArray, batch_id_array, read_ids
+
+Window = tuple[int, Mapping[int, Any]]
+
+
+class UserCodeFailed(Exception):
+    """The user's iterable or sample_ids raised: the check ends in ERROR."""
+
+    def __init__(self, error: Exception, phase: str, rank: int) -> None:
+        super().__init__(phase)
+        self.error, self.phase, self.rank = error, phase, rank
+
+    def result(self, config: dict[str, JsonValue]) -> CoverageResult:
+        error = ChildError.raised(error_record(self.error), self.phase, self.rank)
+        release_frames(self.error)
+        return CoverageResult.errored(error, config, self.error)
+
+
+def release_frames(error: BaseException) -> None:
+    """Clear the local variables of the frames that `error` and its causes keep (their lines stay).
+
+    A DataLoader iterator that raised is `self` in the frames of its own `__next__`; a result
+    that keeps the exception would keep the iterator, its worker processes and the batches alive.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+
+
+def _release(iterator: Any, iterable: Any, finished: bool) -> None:
+    """Let go of a rank's iterator: close a generator; shut down the workers of a DataLoader iterator that did
+    not finish, unless it is the loader's persistent iterator (the loader owns those workers and reuses them)."""
+    with contextlib.suppress(Exception):  # the error being reported matters more than one raised in cleanup
+        if isinstance(iterator, types.GeneratorType):
+            iterator.close()
+        elif not finished and callable(getattr(iterator, "_shutdown_workers", None)) \
+                and getattr(iterable, "_iterator", None) is not iterator:
+            iterator._shutdown_workers()
+
+
+class _IdBuffer:
+    """Every batch's IDs, copied in as the batch arrives (the pipeline may refill a batch's buffer later).
+
+    Grows by doubling; a first batch as large as the whole input (IDs already extracted) is copied once.
+    """
+
+    def __init__(self) -> None:
+        self._data: IdArray = np.empty(0, dtype=np.int64)
+        self.size = 0
+
+    def append(self, ids: IdArray) -> None:
+        end = self.size + len(ids)
+        dtype = np.promote_types(self._data.dtype, ids.dtype) if self.size else ids.dtype  # wider strings
+        if end > len(self._data) or dtype != self._data.dtype:
+            grown = np.empty(max(end, 2 * len(self._data)), dtype=dtype)
+            grown[:self.size] = self._data[:self.size]
+            self._data = grown
+        self._data[self.size:end] = ids
+        self.size = end
+
+    def array(self) -> IdArray:
+        return self._data[:self.size]
+
+
+def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
+    """Iterate every rank's batches into one array of IDs with its segment and batch tables."""
+    buffer = _IdBuffer()
+    segment_starts, segment_window, segment_rank, segment_batches = [0], [], [], [0]
+    batch_starts: list[int] = []
+    batch_workers: list[int] = []
+    total = 0
+    first_kind: tuple[str, str] | None = None
+    for window, (label, mapping) in enumerate(windows):
+        for rank in sorted(mapping):
+            phase = f"epoch {label}, rank {rank}"
+            iterable: Any = None
+            iterator: Any = None
+            finished = False
+            try:
+                try:
+                    iterable = mapping[rank]
+                    iterator = iter(iterable)
+                except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
+                    raise UserCodeFailed(error, phase, int(rank)) from error
+                index = 0
+                while True:
+                    where = f"{phase}, batch {index}"
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        break
+                    except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
+                        raise UserCodeFailed(error, where, int(rank)) from error
+                    worker = None
+                    if isinstance(batch, WorkerBatch):
+                        batch, worker = batch.batch, batch.worker
+                    reading = where if sample_ids is None else f"sample_ids() at {where}"
+                    try:
+                        ids = read_ids(batch if sample_ids is None else sample_ids(batch))
+                    except Exception as error:  # noqa: BLE001 - sample_ids or the IDs it returned raised: ERROR
+                        raise UserCodeFailed(error, reading, int(rank)) from error
+                    array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
+                    if len(array):
+                        kind = "str" if array.dtype.kind == "U" else "int"
+                        if first_kind is None:
+                            first_kind = (kind, where)
+                        elif kind != first_kind[0]:
+                            raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
+                                            f"{first_kind[0]} IDs; IDs must be all ints or all strings")
+                        buffer.append(array)
+                    batch_starts.append(total)
+                    batch_workers.append(_worker(worker, where))
+                    total += len(array)
+                    index += 1
+                finished = True
+            finally:
+                # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
+                _release(iterator, iterable, finished)
+                del iterator, iterable
+            segment_starts.append(total)
+            segment_window.append(window)
+            segment_rank.append(int(rank))
+            segment_batches.append(len(batch_starts))
+    as_array = np.array
+    return Observations(
+        ids=buffer.array(),
+        segment_starts=as_array(segment_starts, dtype=np.int64),
+        segment_window=as_array(segment_window, dtype=np.int64),
+        segment_rank=as_array(segment_rank, dtype=np.int64),
+        segment_batches=as_array(segment_batches, dtype=np.int64),
+        batch_starts=as_array(batch_starts, dtype=np.int64),
+        batch_workers=as_array(batch_workers, dtype=np.int64),
+        epochs=[label for label, _ in windows],
+        ranks=sorted({int(rank) for _, mapping in windows for rank in mapping}),
+    )
+
+
+def _worker(worker: object, where: str) -> int:
+    if worker is None:
+        return -1
+    if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
+        raise TypeError(f"check_coverage: {where} is a WorkerBatch whose worker is {worker!r}; "
+                        "it must be an int >= 0 or None")
+    return int(worker)
