@@ -261,6 +261,26 @@ class TestPolicies(unittest.TestCase):
         result = tp.check_coverage({0: [[2**62, -(2**62)]]}, policy=tp.ExactlyOnce([-(2**62), 5, 2**62]))
         self.assertEqual(observed(result), [("missing_id", 0, None, None, 5, None)])
 
+    def test_universes_spanning_2_to_the_63_or_more(self) -> None:
+        top, bottom = 2**63 - 1, -(2**63)
+        cases = [
+            ({0: [[-(2**62), 2**62]]}, tp.AtLeastOnce([-(2**62), 2**62]), []),
+            ({0: [[bottom, top]], 1: [[0]]}, tp.ExactlyOnce([top, bottom]), [("unexpected_id", 0, 1, 0, 0, None)]),
+            ({0: [[2**62, -(2**62), 3]]}, tp.ExactlyOnce(range(-(2**62), 2**62 + 1, 2**62)),
+             [("unexpected_id", 0, 0, 2, 3, None), ("missing_id", 0, None, None, 0, None)]),
+            ({0: [[0, bottom]]}, tp.AtLeastOnce([top, 0, -top]),
+             [("unexpected_id", 0, 0, 1, bottom, None), ("missing_id", 0, None, None, top, None),
+              ("missing_id", 0, None, None, -top, None)]),
+            ({0: [[top, bottom + 1]]}, tp.ExactlyOnce(range(top, bottom, -top)),
+             [("missing_id", 0, None, None, 0, None)]),
+            ({0: [[top, 5]], 1: [[bottom, top]]}, tp.NoCrossRankOverlap(), [("cross_rank_duplicate", 0, 1, 1, top, None)]),
+        ]
+        for ranks, policy, expected in cases:
+            with self.subTest(policy=policy):
+                self.assertEqual(observed(tp.check_coverage(ranks, policy=policy)), expected)
+        with self.assertRaisesRegex(ValueError, "holds 18446744073709551615 IDs; a universe holds at most 2"):
+            tp.check_coverage({0: [[0]]}, policy=tp.ExactlyOnce(range(bottom, top)))
+
     def test_string_ids(self) -> None:
         result = tp.check_coverage({0: [["b", "a"], "c"], 1: [np.array(["a", "z"])]},
                                    policy=tp.ExactlyOnce(["a", "b", "c", "d"]))

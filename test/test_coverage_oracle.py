@@ -117,8 +117,9 @@ POLICIES = st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True)
 def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None]:
     kind = draw(st.sampled_from(["int", "str"]))
     if kind == "int":
-        base = draw(st.sampled_from([0, -3, 2**40]))  # dense codes, negative IDs, sparse huge IDs
-        pool: list[Any] = [base + v for v in range(8)] + [-(2**50)]  # a far-away ID: no dense coding possible
+        base = draw(st.sampled_from([0, -3, 2**40, 2**63 - 8]))  # dense codes, negative IDs, huge IDs, int64's top
+        # a far-away ID: no dense coding possible; int64's bottom makes spans of 2**63 and more
+        pool: list[Any] = [base + v for v in range(8)] + [draw(st.sampled_from([-(2**50), -(2**63)]))]
     else:
         pool = [chr(ord("a") + i) * (1 + i % 2) for i in range(9)]
     size = draw(st.integers(1, len(pool)))  # how many of the pool's IDs the streams use
@@ -129,7 +130,10 @@ def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None
         form = draw(UNIVERSE_FORMS)
         if kind == "int" and form == "range":
             start, step = pool[draw(POOL_INDEX) % size], draw(st.sampled_from([1, 2, -1]))
-            universe = range(start, start + step * draw(st.integers(0, 5)), step)
+            length = draw(st.integers(0, 5))
+            while length and not -(2**63) <= start + step * (length - 1) < 2**63:  # IDs stay int64
+                length -= 1
+            universe = range(start, start + step * length, step)
             listed = list(universe)
         elif form == "set":
             universe, listed = set(listed), sorted(listed)
@@ -168,6 +172,8 @@ def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None
 @example(case=([{0: [[0, 0]]}], [{0: [([0, 0], None)]}], [tp.ExactlyOnce([0, 1])], [0, 1]))
 @example(case=([{0: [[1]], 1: [[1]]}], [{0: [([1], None)], 1: [([1], None)]}],
                [tp.ExactlyOnce(None), tp.NoCrossRankOverlap()], None))
+@example(case=([{0: [[-(2**63), 2**63 - 8]]}], [{0: [([-(2**63), 2**63 - 8], None)]}],  # a span of 2**64 - 8
+               [tp.AtLeastOnce([-(2**63), 2**63 - 8])], [-(2**63), 2**63 - 8]))
 def test_audit_matches_the_oracle(case: tuple[Any, list[Any], list[Any], list[Any] | None]) -> None:
     as_input, epochs, policies, universe = case
     result = tp.check_coverage(as_input, policy=policies)

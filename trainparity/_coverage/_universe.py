@@ -18,6 +18,8 @@ from trainparity._sample_ids import IdArray, sample_id_array
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table
 DENSE_SPAN_FACTOR = 4
+#: the most IDs a universe may hold: positions and the codes of outside IDs above them stay in int64
+MAX_SIZE = 2**62
 _INT64 = np.iinfo(np.int64)
 
 
@@ -54,10 +56,13 @@ class Universe:
     def build(cls, universe: UniverseLike) -> Universe:
         description = describe_universe(universe)
         if isinstance(universe, range):
-            ends = (universe[0], universe[-1]) if universe else (0, 0)
+            size = _range_size(universe)
+            ends = (universe[0], universe[-1]) if size else (0, 0)
             if not _INT64.min <= min(ends) <= max(ends) <= _INT64.max:
                 raise ValueError(f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
-            return cls("int", len(universe), description, progression=universe)
+            if size > MAX_SIZE:
+                raise ValueError(f"the universe {universe} holds {size} IDs; a universe holds at most 2**62 IDs")
+            return cls("int", size, description, progression=universe)
         if isinstance(universe, (set, frozenset)):
             universe = sorted(universe)
         values = sample_id_array(universe, "the universe")
@@ -66,9 +71,9 @@ class Universe:
             return cls._sorted("str", values, description)
         if size == 0:
             return cls("int", 0, description, progression=range(0))
-        step = int(values[1] - values[0]) if size > 1 else 1
-        if step != 0 and (size == 1 or bool(np.all(np.diff(values) == step))):
-            start = int(values[0])
+        start = int(values[0])
+        step = int(values[1]) - start if size > 1 else 1  # Python ints: IDs may lie 2**63 or more apart
+        if step != 0 and (size == 1 or _is_progression(values, step)):
             return cls("int", size, description, progression=range(start, start + step * size, step))
         low, high = int(values.min()), int(values.max())
         if high - low + 1 <= DENSE_SPAN_FACTOR * size:
@@ -99,10 +104,13 @@ class Universe:
             outside = np.flatnonzero(~inside) if not all_inside else np.empty(0, dtype=np.int64)
             outside_values = ids[outside]
             if self.progression is not None:
-                if self.progression.start:
-                    ids -= self.progression.start
-                if self.progression.step != 1:
-                    ids //= self.progression.step
+                # In place, as uint64: an inside ID's offset from the first ID is exact even when the universe
+                # spans 2**63 or more; the offsets of outside IDs wrap around and are overwritten below.
+                offsets = ids.view(np.uint64)
+                if self.progression.step < 0 or self.progression[0]:
+                    _progression_offsets(ids, self.progression, out=offsets)
+                if abs(self.progression.step) != 1:
+                    np.floor_divide(offsets, np.uint64(abs(self.progression.step)), out=offsets)
             else:
                 assert self.lookup is not None
                 ids -= self.lookup_base
@@ -125,17 +133,21 @@ class Universe:
             first, last = self.progression[0], self.progression[-1]
             inside: IdArray = (ids >= min(first, last)) & (ids <= max(first, last))
             if self.progression.step not in (1, -1):
-                inside &= (ids - first) % self.progression.step == 0
+                offsets = _progression_offsets(ids, self.progression, out=np.empty(len(ids), dtype=np.uint64))
+                inside &= offsets % np.uint64(abs(self.progression.step)) == 0
             return inside
         assert self.lookup is not None
-        inside = (ids >= self.lookup_base) & (ids < self.lookup_base + len(self.lookup))
+        inside = (ids >= self.lookup_base) & (ids <= self.lookup_base + len(self.lookup) - 1)
         inside[inside] = self.lookup[ids[inside] - self.lookup_base] >= 0
         return inside
 
     def decode(self, positions: IdArray) -> IdArray:
         """The IDs at these universe positions."""
         if self.progression is not None:
-            return self.progression.start + positions.astype(np.int64) * self.progression.step
+            # start + position * step modulo 2**64: exact, since the ID it gives lies in int64
+            ids = positions.astype(np.uint64) * np.uint64(self.progression.step % 2**64)
+            ids += np.uint64(self.progression.start % 2**64)
+            return ids.view(np.int64)
         assert self.values is not None
         return self.values[positions]
 
@@ -145,6 +157,33 @@ class Universe:
         if self.progression is not None and other.progression is not None:
             return self.progression == other.progression
         return bool(np.array_equal(self.decode(np.arange(self.size)), other.decode(np.arange(other.size))))
+
+
+def _range_size(universe: range) -> int:
+    """len(universe), also for a range of more than sys.maxsize IDs (len() raises OverflowError there)."""
+    if universe.step > 0:
+        return max(0, (universe.stop - universe.start + universe.step - 1) // universe.step)
+    return max(0, (universe.start - universe.stop - universe.step - 1) // -universe.step)
+
+
+def _is_progression(values: IdArray, step: int) -> bool:
+    """Whether int64 `values` step by `step` (a Python int, possibly 2**63 or more in size) from one to the next.
+
+    Differences are taken as uint64, which wraps modulo 2**64: with the order checked, a wrapped
+    difference equal to |step| is exactly |step|.
+    """
+    before, after = values[:-1].view(np.uint64), values[1:].view(np.uint64)
+    if step > 0:
+        return bool(np.all(values[1:] > values[:-1])) and bool(np.all(after - before == np.uint64(step)))
+    return bool(np.all(values[1:] < values[:-1])) and bool(np.all(before - after == np.uint64(-step)))
+
+
+def _progression_offsets(ids: IdArray, progression: range, *, out: IdArray) -> IdArray:
+    """|id - first ID| of a progression as uint64 into `out` (which may be `ids` viewed as uint64)."""
+    first = np.uint64(progression[0] % 2**64)
+    if progression.step > 0:
+        return np.subtract(ids.view(np.uint64), first, out=out)
+    return np.subtract(first, ids.view(np.uint64), out=out)
 
 
 def _raise_duplicate(values: IdArray) -> None:
