@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -301,6 +302,40 @@ class TestPolicies(unittest.TestCase):
         self.assertEqual([v.kind for v in result.violations], ["same_rank_duplicate"] * 2)
         self.assertIn("listed the first 2 of 6 violations", result.notes[-1])
         self.assertIn("missing_id=2, same_rank_duplicate=4", result.notes[-1])
+
+    def test_a_universe_far_larger_than_the_observations(self) -> None:
+        ranks = [{0: [[5, 3]], 1: [[3]]}, {0: [[0, 10**12 - 1]], 1: []}]
+        result = tp.check_coverage(ranks, policy=tp.ExactlyOnce(range(10**12)), max_violations=4)
+        self.assertEqual(result.outcome, tp.Outcome.FAIL)
+        self.assertEqual(observed(result), [("cross_rank_duplicate", 0, 0, 1, 3, None),
+                                            ("missing_id", 0, None, None, 0, None),
+                                            ("missing_id", 0, None, None, 1, None),
+                                            ("missing_id", 0, None, None, 2, None)])
+        self.assertIn("listed the first 4 of 1999999999997 violations (max_violations=4); all of them: "
+                      "cross_rank_duplicate=1, missing_id=1999999999996", result.notes[-1])
+        # the missing IDs come from the gaps between the observed ones, in universe order, in every epoch
+        result = tp.check_coverage([{0: [[14, 5]]}, {0: [[]]}], policy=tp.AtLeastOnce(range(5, 3 * 10**12, 3)),
+                                   max_violations=5)
+        self.assertEqual([(v.epoch, v.sample_id) for v in result.violations],
+                         [(0, 8), (0, 11), (0, 17), (0, 20), (0, 23)])
+        self.assertIn("of 1999999999996 violations (max_violations=5); all of them: missing_id=1999999999996",
+                      result.notes[-1])
+        result = tp.check_coverage({0: [[7, 7, 8]]}, policy=tp.ExpectedPadding(range(10**12), padding=2),
+                                   max_violations=1)
+        self.assertEqual(result.counts, {"missing_id": 1})
+        self.assertIn("missing_id=999999999998, padding_count=1", result.notes[-1])
+
+    def test_at_most_a_million_violations_are_listed_by_default(self) -> None:
+        self.assertEqual(tp._coverage._check.DEFAULT_MAX_VIOLATIONS, 1_000_000)
+        with mock.patch.object(tp._coverage._check, "DEFAULT_MAX_VIOLATIONS", 3):
+            result = tp.check_coverage({0: [[1, 1]]}, policy=tp.ExactlyOnce(range(10**12)))
+        self.assertEqual(observed(result), [("same_rank_duplicate", 0, 0, 1, 1, None),
+                                            ("missing_id", 0, None, None, 0, None),
+                                            ("missing_id", 0, None, None, 2, None)])
+        self.assertNotIn("max_violations", result.config)
+        self.assertIn("listed the first 3 of 1000000000000 violations (at most 3 are listed when "
+                      "max_violations=None); all of them: missing_id=999999999999, same_rank_duplicate=1",
+                      result.notes[-1])
 
 
 class TestInputs(unittest.TestCase):

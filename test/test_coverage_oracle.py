@@ -9,6 +9,7 @@ selects a different encoding path in the audit.
 from __future__ import annotations
 
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -16,6 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import trainparity as tp
+from trainparity._coverage import _audit
 
 Row = tuple[str, int, int | None, int | None, Any, int | None]
 #: for a duplicate, where the message says the ID was seen first: (rank, position)
@@ -190,3 +192,7 @@ def test_audit_matches_the_oracle(case: tuple[Any, list[Any], list[Any], list[An
     if len(rows) > 1:  # listing only the first n violations lists the same ones, in the same order
         capped = tp.check_coverage(as_input, policy=policies, max_violations=len(rows) // 2)
         assert capped.violations == result.violations[: len(rows) // 2]
+    # the sparse path (np.unique counts, missing IDs from the gaps) finds the same, with the same notes
+    with mock.patch.object(_audit, "_dense_counts", lambda possible, observations: False):
+        sparse = tp.check_coverage(as_input, policy=policies)
+    assert (sparse.outcome, sparse.violations, sparse.notes) == (result.outcome, result.violations, result.notes)

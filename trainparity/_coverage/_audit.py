@@ -3,8 +3,12 @@
 Observations arrive as one array of IDs in (window, rank, position) segment order. IDs are
 encoded once as int64 codes: a code below U is the ID's position in the declared universe
 (U IDs), codes from U up number the other observed IDs (sorted). Per window, one
-`bincount` over the codes tells which IDs were missed or repeated; only the observations
-of repeated IDs are sorted, to classify each repeat as a same-rank or cross-rank duplicate.
+`bincount` over the codes tells which IDs were missed or repeated; when the codes span far
+more values than the window has observations (a universe of 10**12 IDs, a few observed),
+`np.unique` counts them instead, so that nothing of the universe's size is allocated. Only
+the observations of repeated IDs are sorted, to classify each repeat as a same-rank or
+cross-rank duplicate. The missing IDs are not listed: they are the gaps between the sorted
+distinct codes observed, and only as many as are asked for are produced.
 The findings form a columnar table, sorted at the end into observation order:
 (epoch, position, rank) for what was observed, then per window the missing IDs in universe
 order, the padding count, and the ranks whose order repeated an earlier epoch.
@@ -34,6 +38,9 @@ UNEXPECTED, SAME_RANK, CROSS_RANK, MISSING, PADDING, REPEATED = range(len(KINDS)
 #: IDs without a universe whose values span at most this many slots per observation are coded by offset
 DENSE_SPAN_FACTOR = 2
 _SPAN_SLACK = 1024
+#: a window's codes are counted with one bincount when there are at most this many possible codes per
+#: observation (plus a slack), else with np.unique (the sparse path)
+DENSE_COUNT_FACTOR = 8
 
 
 @dataclasses.dataclass
@@ -118,6 +125,37 @@ class _Chunk:
     order: IdArray
     columns: dict[str, IdArray]
 
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def head(self, limit: int) -> _Chunk:
+        """The chunk, or enough of it to hold its first `limit` findings in observation order."""
+        return self
+
+
+@dataclasses.dataclass
+class _MissingChunk:
+    """The missing IDs of one window, kept as the sorted distinct universe positions that were observed.
+
+    The missing positions are the gaps: the k-th missing one (from 0) is k + i, i being how many
+    observed positions p_j satisfy p_j - j <= k. None is produced until `head(n)` asks for the first n.
+    """
+
+    window: int
+    seen: IdArray
+    universe_size: int
+    kind: int = MISSING
+    phase: int = 1
+
+    def __len__(self) -> int:
+        return self.universe_size - len(self.seen)
+
+    def head(self, limit: int) -> _Chunk:
+        wanted = np.arange(min(limit, len(self)), dtype=np.int64)
+        below = self.seen - np.arange(len(self.seen), dtype=np.int64)  # how many are missing below each seen one
+        missing = wanted + np.searchsorted(below, wanted, side="right")
+        return _Chunk(self.kind, self.window, self.phase, missing, {"code": missing})
+
 
 @dataclasses.dataclass
 class Rows:
@@ -133,23 +171,24 @@ class Findings:
     into observation order and gathers columns only for the rows it returns, so that an audit
     with millions of findings and a cap on what is listed does not pay for all of them."""
 
-    def __init__(self, chunks: list[_Chunk], notes: list[str]) -> None:
+    def __init__(self, chunks: list[_Chunk | _MissingChunk], notes: list[str]) -> None:
         self._chunks = chunks
         #: diagnoses that concern a whole window (e.g. every rank saw the same stream)
         self.notes = notes
 
     def __len__(self) -> int:
-        return sum(len(chunk.order) for chunk in self._chunks)
+        return sum(len(chunk) for chunk in self._chunks)
 
     def counts(self) -> dict[str, int]:
         found = dict.fromkeys(KINDS, 0)
         for chunk in self._chunks:
-            found[KINDS[chunk.kind]] += len(chunk.order)
+            found[KINDS[chunk.kind]] += len(chunk)
         return {kind: count for kind, count in found.items() if count}
 
-    def first(self, limit: int | None) -> Rows:
-        """The first `limit` findings (all when None) in observation order."""
-        chunks = self._chunks
+    def first(self, limit: int) -> Rows:
+        """The first `limit` findings in observation order."""
+        chunks = [chunk.head(limit) for chunk in self._chunks]
+        chunks = [chunk for chunk in chunks if len(chunk)]
         if not chunks:
             empty = np.empty(0, dtype=np.int64)
             return Rows(empty, empty, {name: empty for name in COLUMNS})
@@ -162,7 +201,7 @@ class Findings:
         span = int(order.max()) + 1
         if (int(window.max()) + 1) * 4 * span * len(KINDS) < _KEY_LIMIT:
             key = ((window * 4 + phase) * span + order) * len(KINDS) + kind
-            if limit is not None and limit < len(key):
+            if limit < len(key):
                 rows = np.argpartition(key, limit - 1)[:limit]
                 rows = rows[np.argsort(key[rows])]
             else:
@@ -185,12 +224,16 @@ class _Table:
     """Collects the findings of an audit, chunk by chunk."""
 
     def __init__(self) -> None:
-        self.chunks: list[_Chunk] = []
+        self.chunks: list[_Chunk | _MissingChunk] = []
 
     def add(self, kind: int, window: int, phase: int, order: IdArray, **columns: IdArray) -> None:
         if len(order):
             self.chunks.append(_Chunk(kind, window, phase, np.asarray(order, dtype=np.int64),
                                       {name: np.asarray(value, dtype=np.int64) for name, value in columns.items()}))
+
+    def add_chunk(self, chunk: _Chunk | _MissingChunk) -> None:
+        if len(chunk):
+            self.chunks.append(chunk)
 
 
 @dataclasses.dataclass
@@ -280,26 +323,20 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
         outside = np.flatnonzero(codes >= universe_size) + start
         table.add(UNEXPECTED, window, 0, _order_key(observations, outside), observation=outside,
                   code=coded.codes[outside])
-    counts = np.bincount(codes, minlength=coded.size)
-    repeated = np.zeros(0, dtype=bool)
-    if (plan.universe_duplicates or plan.cross_rank) and len(codes) and int(counts.max()) > 1:
-        repeated = counts > 1
-        if not plan.cross_rank:
-            repeated[universe_size:] = False
-        index = np.flatnonzero(repeated[codes]) + start
-        padded = _duplicates(observations, coded, plan, window, index, table) if len(index) else None
+    missing, distinct, repeated = _count(codes, coded.size, universe_size, plan, window)
+    if len(repeated):
+        index = np.flatnonzero(repeated) + start
+        padded = _duplicates(observations, coded, plan, window, index, table)
         if padded and plan.universe_duplicates:
             notes.append(
                 f"epoch {observations.epochs[window]}: each repeated sample is the last of its rank's stream, as "
                 "when DistributedSampler(drop_last=False) pads the epoch to a multiple of the world size; if that "
                 f"is intended, declare it: tp.ExpectedPadding(universe, padding={padded})"
             )
-    inside = counts[:universe_size]
     if plan.missing:
-        missing = np.flatnonzero(inside == 0)
-        table.add(MISSING, window, 1, missing, code=missing)
+        table.add_chunk(missing)
     if plan.paddings:
-        extra = int(inside.sum()) - int(np.count_nonzero(inside))
+        extra = int(np.count_nonzero(codes < universe_size)) - distinct
         for declared in plan.paddings:
             if extra != declared:
                 table.add(PADDING, window, 2, np.array([declared]), detail=np.array([declared]),
@@ -311,6 +348,39 @@ def _audit_window(observations: Observations, coded: Codes, plan: Plan, window: 
             "the same order: were their samplers built with the same rank (for example DistributedSampler(rank=0), "
             "or num_replicas/rank left to a process group that was not set up)?"
         )
+
+
+def _dense_counts(possible: int, observations: int) -> bool:
+    """Whether to count a window's codes with one bincount (else np.unique: the sparse path)."""
+    return possible <= DENSE_COUNT_FACTOR * observations + _SPAN_SLACK
+
+
+def _count(codes: IdArray, possible: int, universe_size: int, plan: Plan,
+           window: int) -> tuple[_Chunk | _MissingChunk, int, IdArray]:
+    """Count a window's codes: its missing universe positions (a chunk of findings), how many distinct universe
+    positions it observed, and which observations are of an ID observed more than once that a duplicate policy
+    judges (a boolean per observation; empty when there are none)."""
+    none = np.zeros(0, dtype=bool)
+    judged = plan.universe_duplicates or plan.cross_rank
+    if _dense_counts(possible, len(codes)):
+        counts = np.bincount(codes, minlength=possible)
+        missing = np.flatnonzero(counts[:universe_size] == 0)
+        found: _Chunk | _MissingChunk = _Chunk(MISSING, window, 1, missing, {"code": missing})
+        distinct = universe_size - len(missing)
+        if not judged or not len(codes) or int(counts.max()) < 2:
+            return found, distinct, none
+        repeated_code = counts > 1
+        if not plan.cross_rank:
+            repeated_code[universe_size:] = False
+        repeated: IdArray = repeated_code[codes]
+        return found, distinct, repeated if repeated.any() else none
+    unique, inverse, counts = np.unique(codes, return_inverse=True, return_counts=True)
+    seen = unique[:int(np.searchsorted(unique, universe_size))]
+    found = _MissingChunk(window, seen, universe_size)
+    if not judged or not len(codes) or int(counts.max()) < 2:
+        return found, len(seen), none
+    repeated = (counts > 1)[inverse]
+    return found, len(seen), repeated if repeated.any() else none
 
 
 def _group_first(sorted_keys: list[IdArray]) -> tuple[IdArray, IdArray]:

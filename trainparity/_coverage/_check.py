@@ -46,6 +46,9 @@ from trainparity._coverage._universe import Universe
 from trainparity._result import CoverageResult, JsonValue, Outcome, Violation
 from trainparity._sample_ids import IdArray
 
+#: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
+DEFAULT_MAX_VIOLATIONS = 1_000_000
+
 
 def check_coverage(
     ranks: Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]] | CoverageRecorder,
@@ -60,7 +63,8 @@ def check_coverage(
     mappings (one per epoch), or a `tp.CoverageRecorder` (its recorded epochs). `sample_ids(batch)`
     extracts a batch's IDs (default: the batch is the IDs; a lone int or string is one ID);
     a `tp.WorkerBatch` is unwrapped first. `max_violations` stops listing violations after the
-    first n in observation order (the notes then give the counts of all).
+    first n in observation order (the notes then give the counts of all); None lists at most
+    `DEFAULT_MAX_VIOLATIONS` (1,000,000).
     """
     policies = resolve_policies(policy)
     if sample_ids is not None and not callable(sample_ids):
@@ -86,12 +90,14 @@ def check_coverage(
     except UserCodeFailed as failure:
         return failure.result(config)
     findings, coded = audit(observations, plan)
-    violations = _violations(findings, observations, coded, plan.universe, max_violations)
+    limit = DEFAULT_MAX_VIOLATIONS if max_violations is None else max_violations
+    violations = _violations(findings, observations, coded, plan.universe, limit)
     notes = list(findings.notes)
-    if max_violations is not None and len(findings) > max_violations:
+    if len(findings) > limit:
         counts = ", ".join(f"{kind}={count}" for kind, count in sorted(findings.counts().items()))
-        notes.append(f"listed the first {max_violations} of {len(findings)} violations (max_violations="
-                     f"{max_violations}); all of them: {counts}")
+        cap = (f"max_violations={limit}" if max_violations is not None
+               else f"at most {limit} are listed when max_violations=None")
+        notes.append(f"listed the first {limit} of {len(findings)} violations ({cap}); all of them: {counts}")
     if violations:
         notes += [f"not judged: {reason}" for reason in abstained]
         return CoverageResult(Outcome.FAIL, violations, notes, config)
@@ -184,8 +190,8 @@ class _Located:
 
 
 def _violations(findings: Findings, observations: Observations, coded: Codes, universe: Universe | None,
-                limit: int | None) -> list[Violation]:
-    """Materialize the first `limit` findings (all by default) as Violations, with their messages."""
+                limit: int) -> list[Violation]:
+    """Materialize the first `limit` findings as Violations, with their messages."""
     rows = findings.first(limit)
     n = len(rows.kind)
     if n == 0:
