@@ -253,8 +253,11 @@ class TestPolicies(unittest.TestCase):
             with self.subTest(universe=type(universe).__name__):
                 policy = tp.AtLeastOnce(universe)
                 missing = [10**15] if isinstance(universe, list) and len(universe) == 5 else []
-                self.assertEqual([v.sample_id for v in tp.check_coverage(ids, policy=policy).violations], missing)
-                self.assertTrue(tp.check_coverage(ids, policy=policy).passed is not missing)
+                result = tp.check_coverage(ids, policy=policy)
+                self.assertEqual([v.sample_id for v in result.violations], missing)
+                self.assertEqual(result.passed, not missing)
+                # the same policy object judges again: a one-shot iterator universe was kept, not used up
+                self.assertEqual(tp.check_coverage(ids, policy=policy).violations, result.violations)
 
     def test_large_sparse_ids(self) -> None:
         result = tp.check_coverage({0: [[2**62, -(2**62)]], 1: [[2**62]]}, policy=tp.NoCrossRankOverlap())

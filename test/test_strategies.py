@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
+import sys
 import unittest
 
+import hypothesis
 import torch
-from hypothesis import example, find, given, settings
+from hypothesis import HealthCheck, example, find, given, settings
 
 import trainparity as tp
 from trainparity import strategies as tps
@@ -19,7 +22,7 @@ def config(n: int, world: int, *, drop_last: bool = False, shuffle: bool = False
 
 @tps.torch_settings(max_examples=500)
 @given(cfg=tps.sampler_configs(max_workers=0))
-@example(cfg=config(3, 8))  # NOTES.md: padded ranks see [0], [1], [2], [0], [1], [2], [0], [1]
+@example(cfg=config(3, 8))  # padded: the ranks see [0], [1], [2], [0], [1], [2], [0], [1]
 @example(cfg=config(3, 8, drop_last=True))  # every rank empty
 @example(cfg=config(0, 3))
 @example(cfg=config(1, 1, batch_size=3))  # batch larger than the dataset
@@ -110,9 +113,25 @@ class TestStrategies(unittest.TestCase):
         self.assertNotEqual(first[0], first[1])
         self.assertEqual(sorted(first[0] + [i for b in windows[0][1] for i in b.batch.tolist()]), list(range(40)))
 
-    def test_torch_settings(self) -> None:
-        self.assertIsNone(tps.torch_settings().deadline)
-        self.assertEqual(tps.torch_settings(max_examples=7).max_examples, 7)
+    def test_torch_settings_keep_the_profiles_suppressed_health_checks(self) -> None:
+        previous = hypothesis.settings.get_current_profile_name()
+        hypothesis.settings.register_profile("trainparity-test-strict", deadline=300, max_examples=11,
+                                             suppress_health_check=[HealthCheck.filter_too_much])
+        hypothesis.settings.load_profile("trainparity-test-strict")
+        try:
+            merged = tps.torch_settings()
+            self.assertEqual(set(merged.suppress_health_check), {HealthCheck.filter_too_much, HealthCheck.too_slow})
+            self.assertEqual((merged.deadline, merged.max_examples), (None, 11))  # the rest from the profile
+            extended = tps.torch_settings(suppress_health_check=[HealthCheck.data_too_large], deadline=1000)
+            self.assertEqual(set(extended.suppress_health_check),
+                             {HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.data_too_large})
+            self.assertEqual(extended.deadline, datetime.timedelta(milliseconds=1000))
+        finally:
+            hypothesis.settings.load_profile(previous)
+        parent = hypothesis.settings(suppress_health_check=[HealthCheck.large_base_example], max_examples=3)
+        from_parent = tps.torch_settings(parent=parent)
+        self.assertEqual(set(from_parent.suppress_health_check), {HealthCheck.large_base_example, HealthCheck.too_slow})
+        self.assertEqual((from_parent.deadline, from_parent.max_examples), (None, 3))
 
 
 if __name__ == "__main__":
@@ -145,3 +164,15 @@ def test_rank_layout_must_divide_the_world() -> None:
     with pytest.raises(ValueError, match=r"SamplerConfig\(nodes=3\) must divide world_size=4"):
         SamplerConfig(8, 4, 1, False, False, 0, 1, 0, nodes=3)
     assert SamplerConfig(8, 4, 1, False, False, 0, 1, 0, nodes=2).node(3) == 1
+
+
+def test_the_property_tests_of_coverage_run_without_a_deadline() -> None:
+    """They run torch code (DataLoaders, samplers): under load one example may take past hypothesis' 200 ms."""
+    import test_coverage_oracle
+
+    tests = {name: test for module in (test_coverage_oracle, sys.modules[__name__])
+             for name, test in vars(module).items() if callable(test) and getattr(test, "is_hypothesis_test", False)}
+    assert {"test_audit_matches_the_oracle", "test_distributed_sampler_satisfies_expected_policy"} <= set(tests)
+    with_deadline = {name: getattr(test, "_hypothesis_internal_use_settings", hypothesis.settings.default).deadline
+                     for name, test in tests.items()}
+    assert {name: deadline for name, deadline in with_deadline.items() if deadline is not None} == {}

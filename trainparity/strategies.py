@@ -237,7 +237,12 @@ def expected_policy(cfg: SamplerConfig) -> list[CoveragePolicy]:
 def torch_settings(**overrides: Any) -> hypothesis.settings:
     """Hypothesis settings for tests that run torch code: no deadline (the first torch call in a process, or a
     DataLoader starting workers, takes far longer than hypothesis' 200 ms default) and no too_slow health check.
-    Use it as a decorator, `@torch_settings(max_examples=50)`; other settings come from the active profile.
+    Use it as a decorator, `@torch_settings(max_examples=50)`; other settings come from the active profile (or
+    from `parent=`). The health checks suppressed there, and those in `suppress_health_check=`, stay suppressed;
+    `deadline=` may still be given.
     """
-    return hypothesis.settings(deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow], **overrides)
-
+    parent = overrides.pop("parent", None) or hypothesis.settings()
+    suppressed = [*parent.suppress_health_check, hypothesis.HealthCheck.too_slow,
+                  *overrides.pop("suppress_health_check", ())]
+    overrides.setdefault("deadline", None)
+    return hypothesis.settings(parent, suppress_health_check=list(dict.fromkeys(suppressed)), **overrides)
