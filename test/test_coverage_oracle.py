@@ -25,9 +25,14 @@ Reference = tuple[int, int] | None
 KIND_ORDER = ("unexpected_id", "same_rank_duplicate", "cross_rank_duplicate")
 
 
-def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies: list[Any],
+def oracle(epochs: list[Any], policies: list[Any],
            universe: list[Any] | None) -> tuple[tp.Outcome, list[Row], list[Reference]]:
-    """Every violation, in observation order, by walking the streams one observation at a time."""
+    """Every violation, in observation order, by walking the streams one observation at a time.
+
+    An epoch is `{rank: [(ids, worker), ...]}`, or a list of such windows observed one after the
+    other; a rank's position counts on across the windows of its epoch.
+    """
+    epochs = [epoch if isinstance(epoch, list) else [epoch] for epoch in epochs]
     abstained = False
     unexpected = missing = universe_duplicates = cross = order = False
     paddings: set[int] = set()
@@ -47,37 +52,43 @@ def oracle(epochs: list[dict[int, list[tuple[list[Any], int | None]]]], policies
         else:
             order = True
     members = set(universe or [])
-    ranks = sorted({rank for epoch in epochs for rank in epoch})
+    ranks = sorted({rank for epoch in epochs for window in epoch for rank in window})
     rows: list[Row] = []
     references: list[Reference] = []
     earlier: dict[int, list[list[Any]]] = {}
     for e, epoch in enumerate(epochs):
-        streams = {r: [(i, w) for batch, w in batches for i in batch] for r, batches in epoch.items()}
+        streams: dict[int, list[tuple[Any, int | None]]] = {}  # each rank's stream over the epoch's windows
         seen_by: dict[Any, set[int]] = {}
         first_at: dict[tuple[Any, int | None], tuple[int, int]] = {}  # (ID, None or rank) -> first (rank, position)
         in_universe = 0
-        for position in range(max((len(s) for s in streams.values()), default=0)):
-            for rank in ranks:
-                if rank not in streams or position >= len(streams[rank]):
-                    continue
-                sample, worker = streams[rank][position]
-                kinds = []
-                if unexpected and sample not in members:
-                    kinds.append("unexpected_id")
-                if sample in seen_by:
-                    new_to_rank = rank not in seen_by[sample]
-                    if universe_duplicates and sample in members:
-                        kinds.append("cross_rank_duplicate" if new_to_rank else "same_rank_duplicate")
-                    elif cross and new_to_rank:
-                        kinds.append("cross_rank_duplicate")
-                seen_by.setdefault(sample, set()).add(rank)
-                first_at.setdefault((sample, None), (rank, position))
-                first_at.setdefault((sample, rank), (rank, position))
-                in_universe += sample in members
-                for k in sorted(kinds, key=KIND_ORDER.index):
-                    rows.append((k, e, rank, position, sample, worker))
-                    references.append(first_at[(sample, rank if k == "same_rank_duplicate" else None)]
-                                      if k.endswith("_duplicate") else None)
+        for window in epoch:
+            pieces = {r: [(i, w) for batch, w in batches for i in batch] for r, batches in window.items()}
+            offsets = {r: len(streams.setdefault(r, [])) for r in window}
+            for local in range(max((len(piece) for piece in pieces.values()), default=0)):
+                for rank in ranks:
+                    if rank not in pieces or local >= len(pieces[rank]):
+                        continue
+                    sample, worker = pieces[rank][local]
+                    position = offsets[rank] + local
+                    kinds = []
+                    if unexpected and sample not in members:
+                        kinds.append("unexpected_id")
+                    if sample in seen_by:
+                        new_to_rank = rank not in seen_by[sample]
+                        if universe_duplicates and sample in members:
+                            kinds.append("cross_rank_duplicate" if new_to_rank else "same_rank_duplicate")
+                        elif cross and new_to_rank:
+                            kinds.append("cross_rank_duplicate")
+                    seen_by.setdefault(sample, set()).add(rank)
+                    first_at.setdefault((sample, None), (rank, position))
+                    first_at.setdefault((sample, rank), (rank, position))
+                    in_universe += sample in members
+                    for k in sorted(kinds, key=KIND_ORDER.index):
+                        rows.append((k, e, rank, position, sample, worker))
+                        references.append(first_at[(sample, rank if k == "same_rank_duplicate" else None)]
+                                          if k.endswith("_duplicate") else None)
+            for rank, piece in pieces.items():
+                streams[rank] += piece
         if missing:
             rows += [("missing_id", e, None, None, u, None) for u in universe or [] if u not in seen_by]
         extra = in_universe - sum(1 for s in seen_by if s in members)
@@ -113,6 +124,8 @@ BATCHES = st.lists(st.tuples(st.lists(POOL_INDEX, max_size=4), st.integers(-1, 1
 UNIVERSE_FORMS = st.sampled_from(["list", "set", "array", "tensor", "range"])
 RANKS = st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True)
 POLICIES = st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True)
+#: how many windows an epoch is observed in (2: a job preempted mid-epoch, then resumed)
+WINDOWS = st.sampled_from([1, 1, 2])
 
 
 @st.composite
@@ -146,21 +159,37 @@ def audits(draw: st.DrawFn) -> tuple[Any, list[Any], list[Any], list[Any] | None
         else:
             universe = list(listed)
     ranks = draw(RANKS)
-    epochs: list[dict[int, list[tuple[list[Any], int | None, int]]]] = []
+    #: per epoch, its windows: {rank: [(ids, worker, form), ...]}; most epochs are observed in one window
+    epochs: list[list[dict[int, list[tuple[list[Any], int | None, int]]]]] = []
     for e in range(draw(st.integers(1, 3))):
-        epoch = {}
-        for rank in ranks:
-            replay = draw(st.integers(-2, e - 1))  # replay an earlier epoch's stream: repeated_epoch_order
-            epoch[rank] = epochs[replay][rank] if replay >= 0 else [
-                ([pool[i % size] for i in ids], None if worker < 0 else worker, form)
-                for ids, worker, form in draw(BATCHES)]
-        epochs.append(epoch)
-    as_input = [
-        {r: [tp.WorkerBatch(as_batch(ids, form, kind), w) if w is not None else as_batch(ids, form, kind)
-             for ids, w, form in epoch[r]] for r in ranks}
-        for epoch in epochs
-    ]
-    streams = [{r: [(ids, w) for ids, w, _ in epoch[r]] for r in ranks} for epoch in epochs]
+        if e and not draw(st.integers(0, 4)):  # the whole epoch replayed, windows and all
+            epochs.append(epochs[draw(st.integers(0, e - 1))])
+            continue
+        count = draw(WINDOWS)
+        windows = []
+        for w in range(count):  # a preemption: later windows may be read by other ranks
+            present = ranks if w == 0 else [r for r in ranks if draw(st.booleans())] or ranks[-1:]
+            window = {}
+            for rank in present:
+                replay = draw(st.integers(-2, e - 1)) if count == 1 else -1  # one rank repeats its order
+                if replay >= 0 and len(epochs[replay]) == 1 and rank in epochs[replay][0]:
+                    window[rank] = epochs[replay][0][rank]
+                else:
+                    window[rank] = [([pool[i % size] for i in ids], None if worker < 0 else worker, form)
+                                    for ids, worker, form in draw(BATCHES)]
+            windows.append(window)
+        epochs.append(windows)
+
+    def batches(window: dict[int, list[tuple[list[Any], int | None, int]]]) -> dict[int, list[Any]]:
+        return {r: [tp.WorkerBatch(as_batch(ids, form, kind), w) if w is not None else as_batch(ids, form, kind)
+                    for ids, w, form in window[r]] for r in window}
+
+    if any(len(windows) > 1 for windows in epochs) or draw(st.booleans()):
+        as_input: Any = [(e, batches(window)) for e, windows in enumerate(epochs) for window in windows]
+    else:
+        as_input = [batches(windows[0]) for windows in epochs]
+    streams = [[{r: [(ids, w) for ids, w, _ in window[r]] for r in window} for window in windows]
+               for windows in epochs]
     padding = draw(st.integers(0, 3))
     makers = [
         lambda: tp.ExactlyOnce(universe), lambda: tp.AtLeastOnce(universe), lambda: tp.NoCrossRankOverlap(),

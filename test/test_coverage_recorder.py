@@ -123,7 +123,7 @@ class TestRecorder(unittest.TestCase):
         result = tp.check_coverage(merged, policy=tp.ExactlyOnce(range(5)))
         self.assertEqual([(v.kind, v.sample_id) for v in result.violations], [("missing_id", 4)])
         self.assertEqual(result.config["ranks"], [0, 1, 2])
-        with self.assertRaisesRegex(ValueError, "rank 0 recorded epoch 0 in two records"):
+        with self.assertRaisesRegex(ValueError, "got the same record twice"):
             tp.CoverageRecorder.merge([records[0], records[0]])
         with self.assertRaisesRegex(ValueError, "got no records"):
             tp.CoverageRecorder.merge([])

@@ -1,6 +1,6 @@
 """The coverage audit: every policy judged over numpy arrays, without a Python loop per sample.
 
-Observations arrive as one array of IDs in (window, rank, position) segment order. IDs are
+Observations arrive as one array of IDs in (epoch, rank, position) segment order. IDs are
 encoded once as int64 codes: a code below U is the ID's position in the declared universe
 (U IDs), codes from U up number the other observed IDs (sorted). Per window, one
 `bincount` over the codes tells which IDs were missed or repeated; when the codes span far
@@ -63,6 +63,10 @@ class Observations:
     epochs: list[int]
     #: every rank that appears in any window, sorted
     ranks: list[int]
+    #: when an epoch was observed in several windows (its rank streams joined): where each piece (one rank in
+    #: one window) starts in `ids`, and the clock of its first observation; None when no epoch was
+    piece_starts: IdArray | None = None
+    piece_clocks: IdArray | None = None
 
     @property
     def kind(self) -> str:
@@ -79,6 +83,17 @@ class Observations:
         position = index - self.segment_starts[segment]
         batch = np.searchsorted(self.batch_starts, index, side="right") - 1
         return segment, position, batch - self.segment_batches[segment], self.batch_workers[batch]
+
+    def clock(self, index: IdArray, position: IdArray) -> IdArray:
+        """When observations were made within their epoch, as the audit orders them with the rank: the position
+        in the rank's stream, but in an epoch of several windows, the position within the window plus the
+        longest rank stream of each earlier window of the epoch (a window's observations come after the
+        earlier windows', whatever the ranks)."""
+        if self.piece_starts is None or self.piece_clocks is None:
+            return position
+        piece = np.searchsorted(self.piece_starts, index, side="right") - 1
+        clock: IdArray = index - self.piece_starts[piece] + self.piece_clocks[piece]
+        return clock
 
 
 @dataclasses.dataclass
@@ -306,10 +321,10 @@ def audit(observations: Observations, plan: Plan) -> tuple[Findings, Codes]:
 
 
 def _order_key(observations: Observations, index: IdArray) -> IdArray:
-    """(position, rank) within a window as one sortable int."""
+    """(clock, rank) within a window as one sortable int."""
     segment, position, _, _ = observations.locate(index)
     rank_index = np.searchsorted(observations.ranks, observations.segment_rank[segment])
-    key: IdArray = position * len(observations.ranks) + rank_index
+    key: IdArray = observations.clock(index, position) * len(observations.ranks) + rank_index
     return key
 
 
@@ -400,15 +415,16 @@ def _duplicates(observations: Observations, coded: Codes, plan: Plan, window: in
     """Classify the observations of repeated IDs: the first sighting is fine, each later one is a duplicate,
     same-rank when its rank saw the ID before, cross-rank otherwise.
 
-    One sort by (code, rank, position) groups each ID's observations rank by rank: the first row
+    One sort by (code, rank, clock) groups each ID's observations rank by rank: the first row
     of a (code, rank) group is that rank's first sighting, and the row with the smallest
-    (position, rank) key of a code group is the ID's first sighting.
+    (clock, rank) key of a code group is the ID's first sighting.
 
     Returns how many duplicates there were when each is the last ID of its rank's stream and
     fewer ranks have one than the window has ranks: the shape of DistributedSampler's padding.
     """
     code = coded.codes[index]
     segment, position, _, _ = observations.locate(index)
+    position = observations.clock(index, position)  # the order of observations (within a rank, the same)
     ranks = len(observations.ranks)
     rank = np.searchsorted(observations.ranks, observations.segment_rank[segment])
     span = int(position.max()) + 1

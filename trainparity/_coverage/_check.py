@@ -1,4 +1,4 @@
-"""`check_coverage`: audit the sample IDs that ranks observed, window by window (epoch by epoch).
+"""`check_coverage`: audit the sample IDs that ranks observed, epoch by epoch (an epoch may come in several windows).
 
 The policies are planned first (when none can be judged, the check ABSTAINs before reading
 anything); collection (`_collect.py`) iterates the user's iterables (DataLoaders, samplers,
@@ -51,7 +51,8 @@ DEFAULT_MAX_VIOLATIONS = 1_000_000
 
 
 def check_coverage(
-    ranks: Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]] | CoverageRecorder,
+    ranks: (Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]]
+            | Iterable[tuple[int, Mapping[int, Iterable[Any]]]] | CoverageRecorder),
     *,
     policy: CoveragePolicy | list[CoveragePolicy] | tuple[CoveragePolicy, ...],
     sample_ids: Callable[[Any], Any] | None = None,
@@ -60,7 +61,10 @@ def check_coverage(
     """Audit which sample IDs each rank observed against `policy`. Never raises for a FAIL.
 
     `ranks` is `{rank: iterable of batches}` for one window (epoch 0), a sequence of such
-    mappings (one per epoch), or a `tp.CoverageRecorder` (its recorded epochs). `sample_ids(batch)`
+    mappings (one per epoch), a sequence of `(epoch, {rank: iterable of batches})` windows (the
+    consecutive windows of one epoch are judged together, each rank's stream joined across them,
+    e.g. a job preempted mid-epoch and resumed on fewer ranks), or a `tp.CoverageRecorder` (its
+    recorded epochs). `sample_ids(batch)`
     extracts a batch's IDs (default: the batch is the IDs; a lone int or string is one ID);
     a `tp.WorkerBatch` is unwrapped first. `max_violations` stops listing violations after the
     first n in observation order (the notes then give the counts of all); None lists at most
@@ -75,14 +79,18 @@ def check_coverage(
     if isinstance(ranks, CoverageRecorder) and sample_ids is not None:
         raise ValueError("a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
     windows = _windows(ranks)
+    epochs = list(dict.fromkeys(label for label, _ in windows))
     config: dict[str, Any] = {
         "policy": [p.describe() for p in policies],
-        "epochs": [label for label, _ in windows],
-        "ranks": sorted({rank for _, mapping in windows for rank in mapping}),
+        "epochs": epochs,
+        "ranks": sorted({int(rank) for _, mapping in windows for rank in mapping}),
     }
+    if len(epochs) < len(windows):  # some epoch was observed in several windows (a preemption, a resume)
+        config["windows"] = [{"epoch": label, "ranks": sorted(int(rank) for rank in mapping)}
+                             for label, mapping in windows]
     if max_violations is not None:
         config["max_violations"] = max_violations
-    plan, abstained = _plan(policies, len(windows))
+    plan, abstained = _plan(policies, len(epochs))
     if not plan.judges_anything:  # decided before reading anything: the input may be an endless stream
         return CoverageResult(Outcome.ABSTAIN, [], [], config, reason="; ".join(abstained))
     try:
@@ -106,30 +114,57 @@ def check_coverage(
     return CoverageResult(Outcome.PASS, [], notes, config)
 
 
+def _is_window(item: object) -> bool:
+    return isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Mapping)
+
+
 def _windows(ranks: object) -> list[Window]:
-    """The observation windows as (epoch label, {rank: iterable})."""
+    """The observation windows as (epoch label, {rank: iterable}); windows of one epoch are consecutive."""
     if isinstance(ranks, CoverageRecorder):
         return list(ranks.windows())
     if isinstance(ranks, Mapping):
         windows: list[Window] = [(0, ranks)]
     elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
         raise TypeError("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one per "
-                        f"epoch) or a tp.CoverageRecorder, got {type(ranks).__name__}")
+                        "epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a tp.CoverageRecorder, "
+                        f"got {type(ranks).__name__}")
     else:
-        windows = list(enumerate(ranks))
-        if not windows:
+        items = list(ranks)
+        if not items:
             raise ValueError("ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
-    for label, mapping in windows:
+        if any(_is_window(item) for item in items):
+            windows = []
+            for index, item in enumerate(items):
+                if not _is_window(item):
+                    raise TypeError(f"ranks= item {index} is a {type(item).__name__}, but item "
+                                    f"{[_is_window(i) for i in items].index(True)} is an (epoch, {{rank: iterable}}) "
+                                    "window: pass only windows, or only mappings (one per epoch)")
+                epoch, mapping = item
+                if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+                    raise TypeError(f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) with an "
+                                    f"epoch int >= 0, got the epoch {epoch!r}")
+                windows.append((int(epoch), mapping))
+            done = set()
+            for index, (epoch, _) in enumerate(windows):
+                if epoch in done and epoch != windows[index - 1][0]:
+                    raise ValueError(f"ranks= window {index} is of epoch {epoch}, but the window before it is of epoch "
+                                     f"{windows[index - 1][0]}: list the windows of one epoch one after the other")
+                done.add(epoch)
+        else:
+            windows = list(enumerate(items))
+    several = len(windows) != len({label for label, _ in windows})
+    for index, (label, mapping) in enumerate(windows):
+        where = f"window {index} (epoch {label})" if several else f"epoch {label}"
         if not isinstance(mapping, Mapping):
-            raise TypeError(f"ranks= epoch {label} must be a mapping {{rank: iterable of batches}}, "
+            raise TypeError(f"ranks= {where} must be a mapping {{rank: iterable of batches}}, "
                             f"got {type(mapping).__name__}")
         if not mapping:
-            raise ValueError(f"ranks= epoch {label} maps no rank: pass {{rank: iterable of batches}}")
+            raise ValueError(f"ranks= {where} maps no rank: pass {{rank: iterable of batches}}")
         for rank, iterable in mapping.items():
             if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) or rank < 0:
-                raise TypeError(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in epoch {label}")
+                raise TypeError(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in {where}")
             if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
-                raise TypeError(f"ranks[{rank}] (epoch {label}) must be an iterable of batches (a DataLoader, "
+                raise TypeError(f"ranks[{rank}] ({where}) must be an iterable of batches (a DataLoader, "
                                 f"sampler, batch sampler or list), got {type(iterable).__name__}")
     return windows
 

@@ -95,17 +95,33 @@ class _IdBuffer:
         return self._data[:self.size]
 
 
+def epoch_groups(windows: list[Window]) -> list[int]:
+    """The epoch of each window as an index into the distinct epochs: consecutive windows of one epoch share it."""
+    groups: list[int] = []
+    for i, (label, _) in enumerate(windows):
+        groups.append(0 if i == 0 else groups[-1] + (label != windows[i - 1][0]))
+    return groups
+
+
 def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
-    """Iterate every rank's batches into one array of IDs with its segment and batch tables."""
+    """Iterate every rank's batches into one array of IDs with its segment and batch tables.
+
+    A segment is one rank's stream in one epoch: the windows of one epoch (consecutive in
+    `windows`) are joined, rank by rank, in the order given.
+    """
+    groups = epoch_groups(windows)
+    several = len(groups) != len(set(groups))  # some epoch is observed in several windows
     buffer = _IdBuffer()
-    segment_starts, segment_window, segment_rank, segment_batches = [0], [], [], [0]
+    #: one piece per (window, rank): (epoch group, rank, window, first ID, end ID, first batch, end batch)
+    pieces: list[tuple[int, int, int, int, int, int, int]] = []
     batch_starts: list[int] = []
     batch_workers: list[int] = []
     total = 0
     first_kind: tuple[str, str] | None = None
     for window, (label, mapping) in enumerate(windows):
         for rank in sorted(mapping):
-            phase = f"epoch {label}, rank {rank}"
+            phase = f"window {window} (epoch {label}), rank {rank}" if several else f"epoch {label}, rank {rank}"
+            first_id, first_batch = total, len(batch_starts)
             iterable: Any = None
             iterator: Any = None
             finished = False
@@ -150,21 +166,52 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
                 # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
                 _release(iterator, iterable, finished)
                 del iterator, iterable
-            segment_starts.append(total)
-            segment_window.append(window)
-            segment_rank.append(int(rank))
-            segment_batches.append(len(batch_starts))
+            pieces.append((groups[window], int(rank), window, first_id, total, first_batch, len(batch_starts)))
+    ids = buffer.array()
+    starts = np.array(batch_starts, dtype=np.int64)
+    workers = np.array(batch_workers, dtype=np.int64)
+    piece_starts = piece_clocks = None
+    if several:  # join each rank's pieces of an epoch: (epoch, rank), the windows in the order given
+        longest = [0] * len(windows)
+        for _, _, window, first_id, end_id, _, _ in pieces:
+            longest[window] = max(longest[window], end_id - first_id)
+        clock_at = [0] * len(windows)  # a window starts when the epoch's earlier windows' longest streams end
+        for window in range(1, len(windows)):
+            if groups[window] == groups[window - 1]:
+                clock_at[window] = clock_at[window - 1] + longest[window - 1]
+        pieces.sort(key=lambda piece: piece[:2])
+        ids = np.concatenate([ids[a:b] for _, _, _, a, b, _, _ in pieces])
+        batches = np.concatenate([np.arange(c, d, dtype=np.int64) for *_, c, d in pieces])
+        lengths = np.diff(np.append(starts, total))[batches]
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(batches) else starts
+        workers = workers[batches]
+        piece_starts = np.cumsum([0] + [b - a for _, _, _, a, b, _, _ in pieces[:-1]], dtype=np.int64)
+        piece_clocks = np.array([clock_at[window] for _, _, window, *_ in pieces], dtype=np.int64)
+    segment_starts, segment_batches = [0], [0]
+    segment_window: list[int] = []
+    segment_rank: list[int] = []
+    for group, rank, _, first_id, end_id, first_batch, end_batch in pieces:
+        if segment_window and (segment_window[-1], segment_rank[-1]) == (group, rank):
+            segment_starts[-1] += end_id - first_id
+            segment_batches[-1] += end_batch - first_batch
+            continue
+        segment_starts.append(segment_starts[-1] + end_id - first_id)
+        segment_batches.append(segment_batches[-1] + end_batch - first_batch)
+        segment_window.append(group)
+        segment_rank.append(rank)
     as_array = np.array
     return Observations(
-        ids=buffer.array(),
+        ids=ids,
         segment_starts=as_array(segment_starts, dtype=np.int64),
         segment_window=as_array(segment_window, dtype=np.int64),
         segment_rank=as_array(segment_rank, dtype=np.int64),
         segment_batches=as_array(segment_batches, dtype=np.int64),
-        batch_starts=as_array(batch_starts, dtype=np.int64),
-        batch_workers=as_array(batch_workers, dtype=np.int64),
-        epochs=[label for label, _ in windows],
+        batch_starts=starts,
+        batch_workers=workers,
+        epochs=list(dict.fromkeys(label for label, _ in windows)),
         ranks=sorted({int(rank) for _, mapping in windows for rank in mapping}),
+        piece_starts=piece_starts,
+        piece_clocks=piece_clocks,
     )
 
 

@@ -65,6 +65,12 @@ class _Stream:
     def __len__(self) -> int:
         return sum(len(part) for part in self.parts)
 
+    def joined(self, later: _Stream) -> _Stream:
+        """A new stream: this one's batches, then `later`'s."""
+        stream = _Stream()
+        stream.parts, stream.workers = self.parts + later.parts, self.workers + later.workers
+        return stream
+
     def __getstate__(self) -> dict[str, Any]:
         parts = [p for p in self.parts if len(p)]
         ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
@@ -83,9 +89,10 @@ class CoverageRecorder:
     `rank` defaults to `torch.distributed.get_rank()` when a process group is initialized,
     else 0. `sample_ids(batch)` extracts the IDs (default: the batch is the IDs). A record is
     small (its IDs as one numpy array per epoch) and picklable (without `sample_ids`); records
-    of all ranks are combined with `CoverageRecorder.merge(records)` or, inside a
-    torch.distributed job, `recorder.gather()`, and the combined record is audited with
-    `tp.check_coverage(record, policy=...)` (its windows are the recorded epochs).
+    of all ranks, and of the jobs that trained one epoch in turn, are combined with
+    `CoverageRecorder.merge(records)` or, inside a torch.distributed job, `recorder.gather()`,
+    and the combined record is audited with `tp.check_coverage(record, policy=...)` (its windows
+    are the recorded epochs).
     """
 
     def __init__(self, rank: int | None = None, *, sample_ids: Callable[[Any], Any] | None = None) -> None:
@@ -145,19 +152,27 @@ class CoverageRecorder:
 
     @classmethod
     def merge(cls, records: Iterable[CoverageRecorder]) -> CoverageRecorder:
-        """One record holding every rank of `records` (a rank may appear in several, for different epochs)."""
+        """One record holding every rank and epoch of `records`.
+
+        A rank that recorded the same epoch in several records (the jobs before and after a
+        preemption, each with its own recorders) has one stream in that epoch: its records'
+        streams joined in the order of `records`, so pass the earlier job's records first. Its
+        positions and batch numbers then count on from where the earlier record stopped.
+        """
         merged = cls.__new__(cls)
         merged._rank, merged._epoch, merged._sample_ids, merged._streams = None, 0, None, {}
+        seen: list[CoverageRecorder] = []
         for record in records:
             if not isinstance(record, CoverageRecorder):
                 raise TypeError(f"CoverageRecorder.merge() takes CoverageRecorder records, got {type(record).__name__}")
+            if any(record is earlier for earlier in seen):
+                raise ValueError(f"CoverageRecorder.merge() got the same record twice ({record!r}); merge each "
+                                 "record once")
+            seen.append(record)
             for rank, streams in record._streams.items():
                 into = merged._streams.setdefault(rank, {})
                 for epoch, stream in streams.items():
-                    if epoch in into:
-                        raise ValueError(f"rank {rank} recorded epoch {epoch} in two records; merge each rank's "
-                                         "record once")
-                    into[epoch] = stream
+                    into[epoch] = into[epoch].joined(stream) if epoch in into else stream
         if not merged._streams:
             raise ValueError("CoverageRecorder.merge() got no records")
         return merged
