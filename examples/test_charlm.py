@@ -9,6 +9,7 @@ from charlm import LINES, CharLM, coverage_epochs
 
 import trainparity as tp
 
+
 class TestCharLM(tp.TestCase):
     def test_resume_mid_epoch_reproduces_uninterrupted_training(self):
         # 6 batches per epoch: saving after step 3 resumes mid-epoch, and step 7 starts the next epoch.

@@ -2,7 +2,8 @@
 
 `ResumeRecipe(fault=...)` trains a small MLP with AdamW, a warmup scheduler, a CPU
 GradScaler, dropout (torch RNG), numpy noise and python-random feature flips, an EMA
-tensor, a step counter and a module attribute outside the state_dict. Its `save`/`load`
+tensor, a step counter and a module attribute outside the state_dict, in float64 so that the
+values its reports print are the same under every CPU's kernels. Its `save`/`load`
 use `tp.save_state`/`tp.load_state`; each fault then loses exactly one thing on load.
 """
 
@@ -63,7 +64,7 @@ class ResumeRecipe(tp.Recipe):
         self.pid_dir = pid_dir
 
     def setup(self) -> tp.State:
-        model = Net()
+        model = Net().double()
         if self.fault == "nondeterministic":
             with torch.no_grad():
                 model.head.bias.fill_(int.from_bytes(os.urandom(4), "little") / 2**32)  # differs every run
@@ -79,15 +80,15 @@ class ResumeRecipe(tp.Recipe):
             optimizer=optimizer,
             scheduler=scheduler,
             scaler=torch.amp.GradScaler("cpu", init_scale=2.0**4, growth_interval=2),
-            ema=torch.zeros(1),
+            ema=torch.zeros(1, dtype=torch.float64),
             global_step=0,
             **extra,
         )
 
     def batches(self, state: tp.State) -> Any:
         generator = torch.Generator().manual_seed(7)
-        features = torch.randn(DATASET, 6, generator=generator)
-        targets = torch.randn(DATASET, 1, generator=generator)
+        features = torch.randn(DATASET, 6, generator=generator, dtype=torch.float64)
+        targets = torch.randn(DATASET, 1, generator=generator, dtype=torch.float64)
         if self.fault == "rng_consumed":
             torch.randint(0, 10, (1,))  # like a new DataLoader iterator drawing its base seed
         cursor = state.global_step
@@ -116,7 +117,7 @@ class ResumeRecipe(tp.Recipe):
             time.sleep(600)
         if self.fault == "dies" and state.global_step == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        x = x + torch.from_numpy(np.random.normal(0.0, 0.1, size=tuple(x.shape))).float()
+        x = x + torch.from_numpy(np.random.normal(0.0, 0.1, size=tuple(x.shape)))
         flip = random.random() < 0.5  # drawn always; used only when use_python_random
         if self.use_python_random and flip:
             x = -x

@@ -29,10 +29,10 @@ First violation: model.body.weight (step 3, kind: state_mismatch, cause: not_res
   Tensor-likes are not equal!
 
   Mismatched elements: 48 / 48 (100.0%)
-  Greatest absolute difference: 0.0142505 at index (5, 0)
-  Greatest relative difference: 5.91142 at index (1, 0)
-  expected: -0.144885
-  actual:   -0.159135
+  Greatest absolute difference: 0.0148965 at index (6, 5)
+  Greatest relative difference: 1.30049 at index (0, 0)
+  expected: -0.224199
+  actual:   -0.209302
 
 All violations (46):
   1. model.body.weight (step 3, kind: state_mismatch, cause: not_restored)
@@ -228,9 +228,9 @@ First violation: ema (step 3, kind: state_mismatch, cause: not_restored)
   Tensor-likes are not equal!
 
   Mismatched elements: 1 / 1 (100.0%)
-  Greatest absolute difference: 0.179066 at index (0,)
+  Greatest absolute difference: 0.245866 at index (0,)
   Greatest relative difference: 1.0 at index (0,)
-  expected: 0.179066
+  expected: 0.245866
   actual:   0.0
 
 All violations (4):
