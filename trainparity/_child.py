@@ -1,7 +1,13 @@
 """What runs inside a child process: read a request, run one task, write its output.
 
 Used by both launchers of the process engine: the warmed fork server forks and calls
-`run_request`; `isolation="spawn"` starts `python -m trainparity._child REQUEST`.
+`run_request` with the request it received through its pipe; `isolation="spawn"` starts
+`python -c "from trainparity._child import main; main()"` and writes the request to its stdin.
+Either way the request (which holds the parent's environment) never rests on disk.
+
+Every child writes faulthandler's stacks to `STACKS_FILE` when it crashes on a fatal signal
+and shortly before its deadline (the kill on timeout cannot be caught), so that hangs and
+crashes are reported with the stack of every thread.
 
 The child writes its output in the `_wire` format (JSON plus raw tensor bytes), so the parent
 reads it back without unpickling anything a child wrote.
@@ -10,19 +16,23 @@ reads it back without unpickling anything a child wrote.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import importlib
 import os
 import pathlib
 import pickle
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 from trainparity import _wire as wire
+from trainparity._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
 ERROR_FILE = "error.bin"
+STACKS_FILE = "stacks.txt"
 #: exit status of a child whose task raised (its error file says what)
 RAISED_EXIT = 17
 
@@ -38,6 +48,10 @@ class Request:
     sys_path: list[str]
     cwd: str
     environ: dict[str, str]
+    #: the job's name, set as the environment marker that `_tree.kill_tree` finds descendants by
+    job: str
+    #: time.monotonic() (system-wide on Linux) at which to dump every thread's stack, just before the kill
+    dump_stacks_at: float
 
 
 def load_task(reference: str) -> Callable[[Any, pathlib.Path], dict[str, Any]]:
@@ -46,35 +60,69 @@ def load_task(reference: str) -> Callable[[Any, pathlib.Path], dict[str, Any]]:
     return task
 
 
+_PACKAGE = pathlib.Path(__file__).resolve().parent
+
+
+def engine_frame(filename: str) -> bool:
+    """Whether a frame is trainparity's own: a private module (`_*.py`, `_*/`) of the package."""
+    path = pathlib.Path(os.path.abspath(filename))
+    return path.is_relative_to(_PACKAGE) and path.relative_to(_PACKAGE).parts[0].startswith("_")
+
+
+def _without_engine_frames(stack: traceback.StackSummary) -> traceback.StackSummary:
+    return traceback.StackSummary.from_list([frame for frame in stack if not engine_frame(frame.filename)])
+
+
+def format_user_traceback(error: BaseException) -> str:
+    """The traceback without trainparity's own frames, which differ between isolations."""
+    formatted = traceback.TracebackException.from_exception(error)
+    seen: set[int] = set()
+    pending = [formatted]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.stack = _without_engine_frames(current.stack)
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return "".join(formatted.format())
+
+
 def error_record(error: BaseException) -> dict[str, str]:
     """The user's exception as plain strings (type, message, traceback)."""
     return {
         "exc_type": type(error).__qualname__,
         "exc_module": type(error).__module__,
         "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
+        "traceback": format_user_traceback(error),
     }
 
 
-def run_request(request_path: str) -> int:
-    """Run the task described in `request_path`; return the exit status for the process."""
-    with open(request_path, "rb") as file:
-        request: Request = pickle.load(file)
+def run_request(data: bytes) -> int:
+    """Run the task of the pickled `Request` in `data`; return the exit status for the process."""
+    request: Request = pickle.loads(data)
     os.environ.clear()
     os.environ.update(request.environ)
+    os.environ[JOB_MARKER] = request.job
     sys.path[:] = request.sys_path
     os.chdir(request.cwd)
     workdir = pathlib.Path(request.workdir)
+    stacks = open(workdir / STACKS_FILE, "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.enable(stacks, all_threads=True)
+    faulthandler.dump_traceback_later(max(request.dump_stacks_at - time.monotonic(), 0.01), file=stacks)
     try:
         output = load_task(request.task)(request.payload, workdir)
         wire.dump(output, workdir / RESULT_FILE)
     except BaseException as error:  # noqa: BLE001 - everything the user's code raises is reported
         wire.dump(error_record(error), workdir / ERROR_FILE)
         return RAISED_EXIT
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     return 0
 
 
 def main() -> None:
+    """Entry point of a spawned child: the pickled request arrives on stdin."""
     import gc
 
     # As in the fork server: collection during torch's import is a third of its cost.
@@ -84,13 +132,13 @@ def main() -> None:
     gc.enable()
     code = 1
     try:
-        code = run_request(sys.argv[1])
+        data = sys.stdin.buffer.read()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # what the user's code reads from stdin is end of file, as in a forked child
+        os.close(devnull)
+        code = run_request(data)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         # Skip interpreter teardown: user threads or atexit hooks must not hang a finished child.
         os._exit(code)
-
-
-if __name__ == "__main__":
-    main()

@@ -17,10 +17,8 @@ reference (`parameters.<param>`). Ranks are compared with rank 0, the reference 
 from __future__ import annotations
 
 import dataclasses
-import faulthandler
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 import time
@@ -31,7 +29,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainparity import _engine
 from trainparity._compare import (
     Comparison,
     ExactComparison,
@@ -79,8 +76,6 @@ ROUNDING = {
     torch.float32: ToleranceComparison(rtol=1.3e-6, atol=1e-5),
     torch.float64: ToleranceComparison(rtol=1e-7, atol=1e-7),
 }
-#: the frame of `run_rank` in a faulthandler dump: what lies below it is the engine's
-_TASK_FRAME = re.compile(r'_data_parallel\.py", line \d+ in run_rank$')
 SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
@@ -103,26 +98,19 @@ class RankPayload:
     world_size: int
     #: "rank 0", ..., or "reference": names this process's files in `scratch`
     tag: str
-    #: the check's scratch directory (owned by the parent): file stores, stack dumps, first-failure marker
+    #: the check's scratch directory (owned by the parent): file stores, first-failure marker
     scratch: str
-    #: time.monotonic() (system-wide on Linux) at which to dump the stacks in case the run hangs
-    dump_stacks_at: float
     precision: str
 
 
 def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Child task: join the process group, run the recipe, record each step."""
     scratch = pathlib.Path(payload.scratch)
-    with open(scratch / f"stacks.{payload.tag}", "w") as stacks:
-        # The engine's kill on timeout cannot be caught: dump every thread's stack just before it.
-        faulthandler.dump_traceback_later(max(payload.dump_stacks_at - time.monotonic(), 0.01), file=stacks)
-        try:
-            return _run_rank(payload)
-        except BaseException:
-            _defer_if_follower(scratch)
-            raise
-        finally:
-            faulthandler.cancel_dump_traceback_later()
+    try:
+        return _run_rank(payload)
+    except BaseException:
+        _defer_if_follower(scratch)
+        raise
 
 
 def _defer_if_follower(scratch: pathlib.Path) -> None:
@@ -258,19 +246,15 @@ def check_data_parallel(
         "comparison": describe_comparison(declared, precision),
         "isolation": isolation,
     }
-    if isolation == "process":
-        _engine.warm_up()  # so that the deadline below counts from the launch, not from the server's start
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-dp-"))
     try:
-        dump_at = time.monotonic() + timeout - min(1.0, timeout / 10)
-
         def job(rank: int, size: int, tag: str) -> Job:
-            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), dump_at, precision)
+            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), precision)
             return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
         outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), fail_fast=True)
-        error = _first_error(outcomes, scratch, timeout)
+        error = _first_error(outcomes, timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if error is not None:
@@ -285,7 +269,7 @@ def check_data_parallel(
     return judge_data_parallel(reference, ranks, effective_comparison(declared, precision), config)
 
 
-def _first_error(outcomes: Sequence[JobOutcome], scratch: pathlib.Path, timeout: float) -> ChildError | None:
+def _first_error(outcomes: Sequence[JobOutcome], timeout: float) -> ChildError | None:
     """The failure that ended the check; on a timeout, with the stacks of every process."""
     failed = first_error(outcomes)
     if failed is None or failed.error is None:
@@ -293,7 +277,7 @@ def _first_error(outcomes: Sequence[JobOutcome], scratch: pathlib.Path, timeout:
     error = failed.error
     if error.kind != "timeout":
         return error
-    stacks = [f"{o.phase}:\n{text}" for o in outcomes if (text := _stacks(scratch / f"stacks.{o.phase}"))]
+    stacks = [f"{o.phase}:\n{o.error.traceback}" for o in outcomes if o.error is not None and o.error.traceback]
     return dataclasses.replace(
         error,
         message=f"did not finish within timeout={timeout:g} s (a process that hangs, e.g. in a collective that "
@@ -301,21 +285,6 @@ def _first_error(outcomes: Sequence[JobOutcome], scratch: pathlib.Path, timeout:
         traceback="Stacks of every process shortly before the timeout (most recent call first):\n"
         + "\n".join(stacks),
     )
-
-
-def _stacks(path: pathlib.Path) -> str:
-    """faulthandler's dump, one thread after another, without the harness's frames below the task."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return ""
-    threads = []
-    for block in text.split("\n\n"):
-        frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
-        below = next((i for i, line in enumerate(frames) if _TASK_FRAME.search(line)), len(frames))
-        if frames[:below]:
-            threads.append("\n".join("  " + frame for frame in frames[:below]))
-    return "\n  (another thread)\n".join(threads)
 
 
 # -- judgement ----------------------------------------------------------------------------------------

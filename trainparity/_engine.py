@@ -7,18 +7,26 @@ Written once, used by every check that needs processes. Three isolations:
 - "spawn": a completely fresh interpreter (`python -m trainparity._child`);
 - "inprocess": the task runs in this process (fast, no isolation; for debugging).
 
-Each child runs in its own session, so on timeout, failure or exit the whole process tree
-is killed; nothing is left running and the temporary directory is removed. Children
-write their output in the `_wire` format (JSON and raw bytes: reading it cannot run code).
+The engine owns each child's whole life: it sends the request through a pipe (the parent's
+environment never rests on disk), kills the child's whole tree (`_tree.kill_tree`) on
+timeout, on a peer's failure, on Ctrl-C or SIGTERM, and after a normal exit (what the child
+left running), waits until the kill is confirmed, and removes the temporary directory. A
+check past its timeout returns within about a second of it. Children write their output in
+the `_wire` format (JSON and raw bytes: reading it cannot run code); output that cannot be
+read or decoded is an error of kind "corrupt", and a hang or a crash comes with faulthandler's
+stacks.
 """
 
 from __future__ import annotations
 
 import atexit
+import base64
+import contextlib
 import dataclasses
 import os
 import pathlib
 import pickle
+import re
 import select
 import shutil
 import signal
@@ -27,16 +35,28 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainparity import _wire as wire
-from trainparity._child import ERROR_FILE, RAISED_EXIT, RESULT_FILE, Request, error_record, load_task
+from trainparity._child import (
+    ERROR_FILE,
+    RAISED_EXIT,
+    RESULT_FILE,
+    STACKS_FILE,
+    Request,
+    engine_frame,
+    error_record,
+    load_task,
+)
 from trainparity._result import ChildError
+from trainparity._tree import JOB_MARKER, kill_tree
 
 ISOLATIONS = ("process", "spawn", "inprocess")
 #: seconds to wait for the fork server to import torch and warm up
 SERVER_START_TIMEOUT = 120.0
+#: seconds to wait for killed children to be confirmed gone before returning regardless
+KILL_CONFIRM_TIMEOUT = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +71,15 @@ class Job:
     rank: int | None = None
     #: index (in the same run_jobs call) of a job that must succeed before this one starts
     after: int | None = None
+    #: turns the task's output into the check's typed record; what it raises makes the output "corrupt"
+    decode: Callable[[dict[str, Any]], Any] | None = None
 
 
 @dataclasses.dataclass
 class JobOutcome:
     phase: str
-    output: dict[str, Any] | None
+    #: the task's output, decoded by `Job.decode` where the job has one
+    output: Any
     error: ChildError | None = None
     #: the live exception, only for isolation="inprocess"
     exception: BaseException | None = None
@@ -85,6 +108,17 @@ def validate_timeout(timeout: object) -> float:
 # -- launchers -----------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM while a protocol line is written: a line cut in half corrupts the pipe."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class ForkServer:
     """Parent side of the fork server: starts it once per parent process, talks to it by lines."""
 
@@ -92,7 +126,8 @@ class ForkServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._owner = os.getpid()
         self._buffer = b""
-        self._events: list[tuple[str, str, int, int]] = []
+        #: jobs sent to the server whose exit it has not reported yet
+        self._live: set[str] = set()
 
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None and self._owner == os.getpid()
@@ -104,13 +139,12 @@ class ForkServer:
         code = f"import sys; sys.path.insert(0, {package_root!r}); from trainparity._forkserver import serve; serve()"
         self._owner = os.getpid()
         self._buffer = b""
-        self._events = []
+        self._live = set()
         self._process = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
         )
-        kind, *_ = self._next_event(time.monotonic() + SERVER_START_TIMEOUT)
-        if kind != "READY":
-            raise RuntimeError(f"the trainparity fork server did not start (got {kind!r})")
+        if self._next_line(time.monotonic() + SERVER_START_TIMEOUT) != ["READY"]:
+            raise RuntimeError("the trainparity fork server did not start")
 
     def shutdown(self) -> None:
         process, self._process = self._process, None
@@ -126,49 +160,92 @@ class ForkServer:
         if process.stdout is not None:
             process.stdout.close()
 
-    def start(self, job_id: str, request_path: str) -> int:
-        self.ensure_running()
+    def _send(self, line: str) -> None:
         assert self._process is not None and self._process.stdin is not None
-        self._process.stdin.write(f"RUN {job_id} {request_path}\n".encode())
-        self._process.stdin.flush()
-        while True:
-            for index, event in enumerate(self._events):
-                if event[0] == "STARTED" and event[1] == job_id:
-                    del self._events[index]
-                    return event[2]
-            self._events.append(self._next_event(time.monotonic() + SERVER_START_TIMEOUT))
+        data = (line + "\n").encode()
+        with _signals_deferred():
+            fd = self._process.stdin.fileno()
+            while data:
+                data = data[os.write(fd, data):]
+
+    def start(self, job: str, request: bytes) -> None:
+        self.ensure_running()
+        self._live.add(job)  # before the line is sent: an interrupted launch is still killed and awaited
+        self._send(f"RUN {job} {base64.b64encode(request).decode()}")
+
+    def kill(self, job: str) -> None:
+        if job in self._live and self.running():
+            self._send(f"KILL {job}")
 
     def exits(self, wait: float) -> list[tuple[str, int, int]]:
-        """(job, exit code, signal) for every child that ended, waiting up to `wait` seconds for one."""
-        if not any(e[0] == "EXIT" for e in self._events):
+        """(job, exit code, signal) of the live jobs that ended, waiting up to `wait` seconds for one."""
+        ended: list[tuple[str, int, int]] = []
+        deadline = time.monotonic() + wait
+        while True:
             try:
-                self._events.append(self._next_event(time.monotonic() + wait))
+                fields = self._next_line(deadline)
             except TimeoutError:
-                pass
-        ended = [(e[1], e[2], e[3]) for e in self._events if e[0] == "EXIT"]
-        self._events = [e for e in self._events if e[0] != "EXIT"]
-        return ended
+                return ended
+            if fields[0] == "EXIT" and fields[1] in self._live:  # other lines are late news of an old run
+                self._live.discard(fields[1])
+                ended.append((fields[1], int(fields[2]), int(fields[3])))
+                deadline = 0.0  # take what has arrived, without waiting for more
 
-    def _next_event(self, deadline: float) -> tuple[str, str, int, int]:
+    def _next_line(self, deadline: float) -> list[str]:
         assert self._process is not None and self._process.stdout is not None
         fd = self._process.stdout.fileno()
         while b"\n" not in self._buffer:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if not select.select([fd], [], [], max(remaining, 0))[0]:
                 raise TimeoutError
-            if select.select([fd], [], [], remaining)[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    self._process.wait()
-                    raise RuntimeError(f"the trainparity fork server exited ({self._process.returncode})")
-                self._buffer += chunk
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._process.wait()
+                raise RuntimeError(f"the trainparity fork server exited ({self._process.returncode})")
+            self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
-        kind, *fields = line.decode().split()
-        if kind == "READY":
-            return ("READY", "", 0, 0)
-        if kind == "STARTED":
-            return ("STARTED", fields[0], int(fields[1]), 0)
-        return ("EXIT", fields[0], int(fields[1]), int(fields[2]))
+        return line.decode().split()
+
+
+class Spawner:
+    """Launches fresh interpreters (isolation="spawn"), with the same interface as the fork server."""
+
+    def __init__(self) -> None:
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, job: str, request: bytes) -> None:
+        popen = subprocess.Popen(
+            [sys.executable, "-c", "from trainparity._child import main; main()"],
+            stdin=subprocess.PIPE,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), JOB_MARKER: job},
+        )
+        self._children[job] = popen
+        assert popen.stdin is not None
+        try:
+            with _signals_deferred():
+                popen.stdin.write(request)
+                popen.stdin.close()
+        except BrokenPipeError:
+            pass  # the child died at start; its exit status says how
+
+    def kill(self, job: str) -> None:
+        if job in self._children:
+            kill_tree(self._children[job].pid, job)
+
+    def exits(self, wait: float) -> list[tuple[str, int, int]]:
+        ended = []
+        for job, popen in list(self._children.items()):
+            # WNOWAIT: the child stays a zombie while what it left running is killed, so its pid is not reused
+            if os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                continue
+            kill_tree(popen.pid, job)
+            code = popen.wait()
+            del self._children[job]
+            ended.append((job, max(code, 0), -code if code < 0 else 0))
+        if not ended:
+            time.sleep(min(wait, 0.01))
+        return ended
 
 
 _SERVER = ForkServer()
@@ -188,45 +265,32 @@ def shutdown() -> None:
         _SERVER.shutdown()
 
 
-@dataclasses.dataclass
-class _Running:
-    #: unique across runs, so that a late EXIT line of a killed child is never mistaken for a new one
-    key: str
-    index: int
-    job: Job
-    workdir: pathlib.Path
-    pid: int
-    deadline: float
-    popen: subprocess.Popen[bytes] | None = None
+# -- running jobs ----------------------------------------------------------------------------------
 
 
-def kill_tree(pid: int) -> None:
-    """Kill a child's whole session (it called setsid, so its process group id is its pid)."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+class _Terminated(BaseException):
+    """SIGTERM arrived while children were running: clean up, then let the signal take its course."""
 
 
-def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number: int) -> JobOutcome:
-    if (workdir / RESULT_FILE).exists() and exitcode == 0:
-        return JobOutcome(job.phase, wire.load(workdir / RESULT_FILE))
-    if (workdir / ERROR_FILE).exists() and exitcode == RAISED_EXIT:
-        record = wire.load(workdir / ERROR_FILE)
-        return JobOutcome(
-            job.phase,
-            None,
-            ChildError.raised(record, job.phase, job.rank),
-        )
-    if signal_number:
-        name = signal.Signals(signal_number).name
-        return JobOutcome(
-            job.phase, None, ChildError("died", job.phase, f"killed by signal {name}", signal=name, rank=job.rank)
-        )
-    return JobOutcome(
-        job.phase, None, ChildError("died", job.phase, f"exit code {exitcode}", exitcode=exitcode, rank=job.rank)
-    )
+@contextlib.contextmanager
+def _sigterm_cleans_up() -> Iterator[None]:
+    """Turn SIGTERM into an exception while jobs run (main thread, default handler only), re-sent after."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_jobs(
@@ -237,7 +301,8 @@ def run_jobs(
     With `fail_fast`, the first job that raises, dies or times out gets every other job
     killed (ranks of one distributed run wait on each other forever otherwise); those are
     reported with kind "abandoned", the failed job carries the error. `first_error`
-    picks the error to report.
+    picks the error to report. Jobs without `after` share one deadline, `timeout` seconds
+    after the call; a job with `after` has its timeout from its own start.
     """
     for index, job in enumerate(jobs):
         if job.after is not None and not 0 <= job.after < index:
@@ -254,8 +319,12 @@ def run_jobs(
         return done
     workroot = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-"))
     try:
-        with _SERVER_LOCK:
-            return _run_processes(jobs, workroot, isolation, concurrency or max(1, os.cpu_count() or 1), fail_fast)
+        with _sigterm_cleans_up(), _SERVER_LOCK:
+            launcher = _SERVER if isolation == "process" else Spawner()
+            if launcher is _SERVER:
+                _SERVER.ensure_running()  # before the clock starts: the server's warm-up is not the jobs' time
+            batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), fail_fast)
+            return batch.run()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
 
@@ -263,141 +332,181 @@ def run_jobs(
 def _run_inprocess(job: Job) -> JobOutcome:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-"))
     try:
-        return JobOutcome(job.phase, load_task(job.task)(job.payload, workdir))
+        output = load_task(job.task)(job.payload, workdir)
     except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
         return JobOutcome(job.phase, None, ChildError.raised(error_record(error), job.phase, job.rank), exception=error)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return _decoded(job, output)
 
 
-def _launch(index: int, job: Job, workroot: pathlib.Path, isolation: str) -> _Running:
-    key = f"{workroot.name}.{index}"
-    workdir = workroot / f"job{index}"
-    workdir.mkdir()
-    request = Request(job.task, job.payload, str(workdir), list(sys.path), os.getcwd(), dict(os.environ))
-    request_path = workdir / "request.pkl"
-    request_path.write_bytes(pickle.dumps(request))
-    if isolation == "spawn":
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "trainparity._child", str(request_path)],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
-        )
-        return _Running(key, index, job, workdir, popen.pid, time.monotonic() + job.timeout, popen)
-    pid = _SERVER.start(key, str(request_path))
-    return _Running(key, index, job, workdir, pid, time.monotonic() + job.timeout)
-
-
-def _collect_exits(running: dict[int, _Running], isolation: str) -> list[tuple[_Running, int, int]]:
-    if isolation == "spawn":
-        ended = []
-        for item in running.values():
-            assert item.popen is not None
-            code = item.popen.poll()
-            if code is not None:
-                ended.append((item, max(code, 0), -code if code < 0 else 0))
-        if not ended:
-            time.sleep(0.002)
-        return ended
-    by_key = {item.key: item for item in running.values()}
-    return [(by_key[key], code, sig) for key, code, sig in _SERVER.exits(0.05) if key in by_key]
-
-
-def _run_processes(
-    jobs: Sequence[Job], workroot: pathlib.Path, isolation: str, concurrency: int, fail_fast: bool
-) -> list[JobOutcome]:
-    outcomes: list[JobOutcome | None] = [None] * len(jobs)
-    pending = list(enumerate(jobs))
-    running: dict[int, _Running] = {}
-    #: fork-server children killed by us, whose exit the server has yet to confirm
-    killed: set[str] = set()
+def _decoded(job: Job, output: dict[str, Any]) -> JobOutcome:
+    if job.decode is None:
+        return JobOutcome(job.phase, output)
     try:
-        while pending or running:
-            for index, job in _ready(pending, outcomes, concurrency - len(running)):
-                running[index] = _launch(index, job, workroot, isolation)
-            for item, code, sig in _collect_exits(running, isolation):
-                if item.index not in running:  # settled as abandoned by an earlier failure in this batch
-                    continue
-                del running[item.index]
-                kill_tree(item.pid)  # reap what the child left behind (e.g. DataLoader workers)
-                outcomes[item.index] = outcome = _read_outcome(item.job, item.workdir, code, sig)
-                if fail_fast and outcome.error is not None:
-                    killed.update(r.key for r in running.values() if r.popen is None)
-                    _abandon(running, pending, outcomes, f"killed after {item.job.phase} failed")
-            now = time.monotonic()
-            for item in [r for r in running.values() if r.deadline < now]:
-                if item.index not in running:  # already abandoned by fail_fast
-                    continue
-                kill_tree(item.pid)
-                if item.popen is None:
-                    killed.add(item.key)
-                else:
-                    item.popen.wait()
-                del running[item.index]
-                outcomes[item.index] = JobOutcome(
-                    item.job.phase,
-                    None,
-                    ChildError(
-                        "timeout",
-                        item.job.phase,
-                        f"did not finish within timeout={item.job.timeout:g} s; its process tree was killed",
-                        rank=item.job.rank,
-                    ),
-                )
-                if fail_fast:
-                    killed.update(r.key for r in running.values() if r.popen is None)
-                    _abandon(running, pending, outcomes, f"killed after {item.job.phase} timed out")
-    finally:
-        for item in running.values():
-            kill_tree(item.pid)
-            if item.popen is not None:
-                item.popen.wait()
-        killed.update(item.key for item in running.values() if item.popen is None)
-        _await_server_exits(killed)
-    return [o for o in outcomes if o is not None]
+        return JobOutcome(job.phase, job.decode(output))
+    except (Exception, RecursionError) as error:  # noqa: BLE001 - malformed output is the child's fault
+        return JobOutcome(job.phase, None, _corrupt(job, error))
 
 
-def _ready(pending: list[tuple[int, Job]], outcomes: list[JobOutcome | None], slots: int) -> list[tuple[int, Job]]:
-    """Take up to `slots` pending jobs whose dependency has finished (in list order).
-
-    A job whose dependency failed is settled as not started.
-    """
-    taken: list[tuple[int, Job]] = []
-    for index, job in list(pending):
-        before = None if job.after is None else outcomes[job.after]
-        if job.after is not None and before is None:
-            continue
-        if before is not None and before.error is not None:
-            pending.remove((index, job))
-            outcomes[index] = JobOutcome(job.phase, None, ChildError("abandoned", job.phase,
-                                                                     f"not started: {before.phase} failed",
-                                                                     rank=job.rank))
-        elif len(taken) < slots:
-            pending.remove((index, job))
-            taken.append((index, job))
-    return taken
+def _corrupt(job: Job, error: BaseException) -> ChildError:
+    return ChildError("corrupt", job.phase, f"its output could not be read ({type(error).__name__}: {error})",
+                      rank=job.rank)
 
 
-def _abandon(
-    running: dict[int, _Running], pending: list[tuple[int, Job]], outcomes: list[JobOutcome | None], why: str
-) -> None:
-    for item in list(running.values()):
-        kill_tree(item.pid)
-        if item.popen is not None:
-            item.popen.wait()
-        outcomes[item.index] = JobOutcome(item.job.phase, None, ChildError("abandoned", item.job.phase, why,
-                                                                           rank=item.job.rank))
-    running.clear()
-    for index, job in pending:
-        outcomes[index] = JobOutcome(job.phase, None, ChildError("abandoned", job.phase, f"not started: {why}",
-                                                                 rank=job.rank))
-    pending.clear()
+#: one frame line of a faulthandler dump
+_DUMP_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+ in ')
 
 
-def _await_server_exits(keys: set[str]) -> None:
-    """Wait (bounded) until the fork server has reaped the children we killed: none is left running."""
-    deadline = time.monotonic() + 10.0
-    while keys and time.monotonic() < deadline and _SERVER.running():
-        for key, _, _ in _SERVER.exits(0.05):
-            keys.discard(key)
+def user_stacks(workdir: pathlib.Path) -> str | None:
+    """faulthandler's dump of a child, thread by thread, without trainparity's frames; None if empty."""
+    try:
+        text = (workdir / STACKS_FILE).read_text(errors="replace")
+    except OSError:
+        return None
+    threads = []
+    for block in text.strip().split("\n\n"):
+        frames = [line.strip() for line in block.splitlines()
+                  if (match := _DUMP_FRAME.match(line)) and not engine_frame(match["file"])]
+        if frames:
+            threads.append("\n".join("  " + frame for frame in frames))
+    return "\n  (another thread)\n".join(threads) or None
+
+
+def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number: int) -> JobOutcome:
+    try:
+        if (workdir / RESULT_FILE).exists() and exitcode == 0:
+            return _decoded(job, wire.load(workdir / RESULT_FILE))
+        if (workdir / ERROR_FILE).exists() and exitcode == RAISED_EXIT:
+            return JobOutcome(job.phase, None, ChildError.raised(wire.load(workdir / ERROR_FILE), job.phase, job.rank))
+    except (Exception, RecursionError) as error:  # noqa: BLE001 - malformed output is the child's fault
+        return JobOutcome(job.phase, None, _corrupt(job, error))
+    stacks = user_stacks(workdir)
+    if signal_number:
+        name = signal.Signals(signal_number).name
+        died = ChildError("died", job.phase, f"killed by signal {name}", traceback=stacks, signal=name, rank=job.rank)
+    else:
+        what = "exited with status 0 without writing its output" if exitcode == 0 else f"exit code {exitcode}"
+        died = ChildError("died", job.phase, what, traceback=stacks, exitcode=exitcode, rank=job.rank)
+    return JobOutcome(job.phase, None, died)
+
+
+@dataclasses.dataclass
+class _Running:
+    index: int
+    #: unique across runs, so that a late line about a killed child is never mistaken for a new one
+    key: str
+    workdir: pathlib.Path
+    deadline: float
+
+
+class _Batch:
+    """One run_jobs call over processes: launches, deadlines, exits, kills and their confirmation."""
+
+    def __init__(self, jobs: Sequence[Job], workroot: pathlib.Path, launcher: ForkServer | Spawner,
+                 concurrency: int, fail_fast: bool) -> None:
+        self.jobs = jobs
+        self.workroot = workroot
+        self.launcher = launcher
+        self.concurrency = concurrency
+        self.fail_fast = fail_fast
+        self.outcomes: list[JobOutcome | None] = [None] * len(jobs)
+        self.pending = list(range(len(jobs)))
+        self.running: dict[str, _Running] = {}
+        #: killed children whose end is not confirmed yet
+        self.dying: dict[str, _Running] = {}
+        self.started = time.monotonic()
+
+    def run(self) -> list[JobOutcome]:
+        try:
+            while self.pending or self.running:
+                self._launch_ready()
+                for key, code, sig in self.launcher.exits(0.05 if self.running else 0):
+                    self._ended(key, code, sig)
+                self._expire()
+        finally:
+            for key in list(self.running):
+                self._kill(key, None)
+            self._confirm_kills()
+        return [o for o in self.outcomes if o is not None]
+
+    def _launch_ready(self) -> None:
+        for index in list(self.pending):
+            job = self.jobs[index]
+            before = None if job.after is None else self.outcomes[job.after]
+            if job.after is not None and before is None:
+                continue
+            if before is not None and before.error is not None:
+                self.pending.remove(index)
+                self.outcomes[index] = self._abandoned(job, f"not started: {before.phase} failed")
+            elif len(self.running) < self.concurrency:
+                self.pending.remove(index)
+                self._launch(index, job, time.monotonic() if job.after is not None else self.started)
+            if self._expire():  # launching thousands of ranks takes seconds: deadlines hold meanwhile
+                return
+
+    def _launch(self, index: int, job: Job, clock_start: float) -> None:
+        key = f"{self.workroot.name}.{index}"
+        workdir = self.workroot / f"job{index}"
+        workdir.mkdir()
+        deadline = clock_start + job.timeout
+        request = Request(job.task, job.payload, str(workdir), list(sys.path), os.getcwd(), dict(os.environ), key,
+                          deadline - min(1.0, job.timeout / 10))
+        self.running[key] = _Running(index, key, workdir, deadline)
+        self.launcher.start(key, pickle.dumps(request))
+
+    def _ended(self, key: str, code: int, sig: int) -> None:
+        if key in self.dying:
+            item = self.dying.pop(key)
+            outcome = self.outcomes[item.index]
+            if outcome is not None and outcome.error is not None and outcome.error.traceback is None:
+                outcome.error = dataclasses.replace(outcome.error, traceback=user_stacks(item.workdir))
+            return
+        if key not in self.running:
+            return  # a child of an earlier, interrupted run
+        item = self.running.pop(key)
+        job = self.jobs[item.index]
+        self.outcomes[item.index] = outcome = _read_outcome(job, item.workdir, code, sig)
+        if self.fail_fast and outcome.error is not None:
+            self._abandon_all(f"killed after {job.phase} failed")
+
+    def _expire(self) -> bool:
+        """Kill the jobs past their deadline; whether any was."""
+        now = time.monotonic()
+        late = [item for item in self.running.values() if item.deadline <= now]
+        for item in late:
+            if item.key not in self.running:  # abandoned by an earlier one's timeout
+                continue
+            job = self.jobs[item.index]
+            self._kill(item.key, ChildError(
+                "timeout", job.phase, f"did not finish within timeout={job.timeout:g} s; its process tree was killed",
+                rank=job.rank,
+            ))
+            if self.fail_fast:
+                self._abandon_all(f"killed after {job.phase} timed out")
+        return bool(late)
+
+    def _kill(self, key: str, error: ChildError | None) -> None:
+        item = self.running.pop(key)
+        self.launcher.kill(key)
+        self.dying[key] = item
+        if error is not None:
+            self.outcomes[item.index] = JobOutcome(error.phase, None, error)
+
+    def _abandon_all(self, why: str) -> None:
+        for key, item in list(self.running.items()):
+            self._kill(key, ChildError("abandoned", self.jobs[item.index].phase, why, rank=self.jobs[item.index].rank))
+        for index in self.pending:
+            self.outcomes[index] = self._abandoned(self.jobs[index], f"not started: {why}")
+        self.pending.clear()
+
+    @staticmethod
+    def _abandoned(job: Job, why: str) -> JobOutcome:
+        return JobOutcome(job.phase, None, ChildError("abandoned", job.phase, why, rank=job.rank))
+
+    def _confirm_kills(self) -> None:
+        """Wait (bounded) until every killed child is confirmed gone, so that nothing is left running."""
+        deadline = time.monotonic() + KILL_CONFIRM_TIMEOUT
+        while self.dying and time.monotonic() < deadline:
+            for key, code, sig in self.launcher.exits(max(0.0, min(0.05, deadline - time.monotonic()))):
+                self._ended(key, code, sig)

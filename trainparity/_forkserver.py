@@ -3,17 +3,22 @@
 It imports torch, numpy and trainparity, builds an optimizer and takes a step (torch
 imports much lazily on first use), restores every RNG stream it touched, and then forks
 one child per request. It never imports the user's modules, so each child imports them
-anew; each child starts its own session (process group) so that the parent can kill a
-child's whole tree.
+anew; each child starts its own session. The server owns its children's lives: it kills a
+child's whole tree on request and, when a child ends, whatever the child left running
+(it is a child subreaper, so orphans of its children become its own), before it reports
+the exit.
 
 Protocol on stdin/stdout, one line each:
-  parent -> server: `RUN <job> <request file>`
-  server -> parent: `STARTED <job> <pid>`, `EXIT <job> <exit code> <signal number>`
-End of stdin means the parent is gone: the server kills its children and exits.
+  parent -> server: `RUN <job> <base64 of the pickled request>`, `KILL <job>`
+  server -> parent: `READY`, `EXIT <job> <exit code> <signal number>`
+The request travels through the pipe so that the environment it holds never rests on disk.
+End of stdin means the parent is gone: the server kills its children's trees and exits.
 """
 
 from __future__ import annotations
 
+import base64
+import ctypes
 import gc
 import os
 import select
@@ -21,6 +26,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+
+from trainparity._tree import kill_tree
+
+#: prctl option making this process the reaper of its descendants' orphans (linux/prctl.h)
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def warm_up() -> None:
@@ -59,7 +69,7 @@ def warm_up() -> None:
     np.random.set_state(numpy_state)
 
 
-def run_child(request_path: str, protocol_fds: tuple[int, int]) -> None:
+def run_child(job: str, request: bytes, protocol_fds: tuple[int, int]) -> None:
     """In the forked child: detach from the server, then run the request. Never returns."""
     code = 1
     try:
@@ -74,7 +84,7 @@ def run_child(request_path: str, protocol_fds: tuple[int, int]) -> None:
                 os.close(fd)
         from trainparity._child import run_request
 
-        code = run_request(request_path)
+        code = run_request(request)
     except BaseException:  # noqa: BLE001 - a child must never fall back into the server loop
         import traceback
 
@@ -110,6 +120,13 @@ def _exit_when_orphaned(parent: int) -> Callable[[], None]:
     return stop
 
 
+def _become_subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init, and the environment marker still finds them
+
+
 def serve() -> None:
     # Collection during torch's import costs a third of its time; nothing here makes cycles
     # worth collecting before warm-up ends. Afterwards everything is frozen so that children
@@ -121,6 +138,7 @@ def serve() -> None:
     inbound, outbound = os.dup(0), os.dup(1)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
+    _become_subreaper()
     warm_up()
     stop_watching()  # no thread may be running when the server forks
     gc.freeze()
@@ -133,38 +151,51 @@ def serve() -> None:
     send("READY")
     buffer = b""
     while True:
-        readable, _, _ = select.select([inbound], [], [], 0.002 if children else None)
+        readable, _, _ = select.select([inbound], [], [], 0.002 if children else 0.5)
         if readable:
-            chunk = os.read(inbound, 65536)
+            chunk = os.read(inbound, 1 << 20)
             if not chunk:
                 break
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
-                command, job, request_path = line.decode().split(" ", 2)
-                if command != "RUN":
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    run_child(request_path, (inbound, outbound))
-                children[pid] = job
-                send(f"STARTED {job} {pid}")
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid not in children:
-                continue
-            job = children.pop(pid)
-            if os.WIFSIGNALED(status):
-                send(f"EXIT {job} -1 {os.WTERMSIG(status)}")
-            else:
-                send(f"EXIT {job} {os.waitstatus_to_exitcode(status)} 0")
-    for pid in children:
+                command, job, *rest = line.decode().split(" ")
+                if command == "RUN":
+                    request = base64.b64decode(rest[0])
+                    pid = os.fork()
+                    if pid == 0:
+                        run_child(job, request, (inbound, outbound))
+                    children[pid] = job
+                elif command == "KILL":
+                    for pid, owner in children.items():
+                        if owner == job:
+                            kill_tree(pid, job)
+        _reap(children, send)
+    for pid, job in children.items():
+        kill_tree(pid, job)
+
+
+def _reap(children: dict[int, str], send: Callable[[str], None]) -> None:
+    """Report each child that ended, after killing what it left running; reap adopted orphans."""
+    while True:
         try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
+            # WNOWAIT: the ended child stays a zombie, so its pid cannot be reused while its tree is killed
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == 0:
+            return
+        pid = info.si_pid
+        job = children.pop(pid, None)
+        if job is not None:
+            kill_tree(pid, job)
+        _, status = os.waitpid(pid, 0)
+        if job is None:
+            continue  # an orphan of a child's tree, adopted by this subreaper
+        if os.WIFSIGNALED(status):
+            send(f"EXIT {job} -1 {os.WTERMSIG(status)}")
+        else:
+            send(f"EXIT {job} {os.waitstatus_to_exitcode(status)} 0")
 
 
 if __name__ == "__main__":
