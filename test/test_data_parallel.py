@@ -330,11 +330,10 @@ def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> 
 
 
 def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
-    from trainparity._data_parallel import judge_data_parallel
+    from trainparity._data_parallel import RankStep, RankTrace, judge_data_parallel
 
-    def trace(*steps: list[int]) -> dict[str, Any]:
-        return {"optimizers": 1, "batch_dependent": [], "steps": [
-            {"step": i, "sample_ids": ids, "gradients": {}, "parameters": {}} for i, ids in enumerate(steps, 1)]}
+    def trace(*steps: list[int | str]) -> RankTrace:
+        return RankTrace([RankStep(i, ids, {}, {}) for i, ids in enumerate(steps, 1)], 1, [])
 
     result = judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})
     assert result.outcome is tp.Outcome.FAIL, result.report()

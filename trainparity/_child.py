@@ -88,13 +88,28 @@ def format_user_traceback(error: BaseException) -> str:
     return "".join(formatted.format())
 
 
+#: characters kept of an exception's message and of its traceback; a report stays readable
+MAX_ERROR_TEXT = 10_000
+
+
+def bounded(text: str) -> str:
+    """`text`, cut to MAX_ERROR_TEXT characters with a line saying how much was left out."""
+    if len(text) <= MAX_ERROR_TEXT:
+        return text
+    return f"{text[:MAX_ERROR_TEXT]}\n... ({len(text) - MAX_ERROR_TEXT:,} more characters cut)"
+
+
 def error_record(error: BaseException) -> dict[str, str]:
-    """The user's exception as plain strings (type, message, traceback)."""
+    """The user's exception as plain strings (type, message, traceback), each bounded in length."""
+    try:
+        message = str(error)
+    except Exception as failure:  # noqa: BLE001 - a broken __str__ must not hide the error itself
+        message = f"<str() of the exception raised {type(failure).__name__}>"
     return {
         "exc_type": type(error).__qualname__,
         "exc_module": type(error).__module__,
-        "message": str(error),
-        "traceback": format_user_traceback(error),
+        "message": bounded(message),
+        "traceback": bounded(format_user_traceback(error)),
     }
 
 

@@ -56,7 +56,7 @@ from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import to_leaf
-from trainparity._state import seed_everything
+from trainparity._state import seed_everything, validate_seed
 from trainparity._trace import next_batch, require_state
 
 TASK = "trainparity._data_parallel:run_rank"
@@ -84,6 +84,37 @@ _KEPT: list[Any] = []
 
 
 # -- the child: one rank (or the reference) ----------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStep:
+    """One step of one process: its batch's sample IDs, the gradients at the optimizer step, the parameters after."""
+
+    step: int
+    sample_ids: SampleIds | None
+    gradients: Snapshot
+    parameters: Snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTrace:
+    """What one process of the check observed."""
+
+    steps: list[RankStep]
+    #: how many optimizers the State holds
+    optimizers: int
+    #: batch-dependent modules that ran in training mode
+    batch_dependent: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"steps": [dataclasses.asdict(step) for step in self.steps], "optimizers": self.optimizers,
+                "batch_dependent": self.batch_dependent}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RankTrace:
+        steps = [RankStep(int(step["step"]), None if step["sample_ids"] is None else list(step["sample_ids"]),
+                          dict(step["gradients"]), dict(step["parameters"])) for step in data["steps"]]
+        return cls(steps, int(data["optimizers"]), [str(module) for module in data["batch_dependent"]])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,10 +183,10 @@ def _run_rank(payload: RankPayload) -> dict[str, Any]:
     dist.barrier()
     _KEPT.extend((recipe, state, dist.group.WORLD))
     dist.destroy_process_group()
-    return {"steps": steps, "optimizers": optimizers, "batch_dependent": batch_dependent}
+    return RankTrace(steps, optimizers, batch_dependent).to_wire()
 
 
-def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> Iterator[dict[str, Any]]:
+def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> Iterator[RankStep]:
     """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after."""
     name = type(recipe).__name__
     batches = iter(recipe.batches(observer.state))
@@ -171,12 +202,7 @@ def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> It
         for events in observer.take_step_events().values():
             for event in events:
                 gradients.update(event.grads)
-        yield {
-            "step": step,
-            "sample_ids": ids,
-            "gradients": gradients,
-            "parameters": {n: to_leaf(p) for n, p in observer.parameters()},
-        }
+        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()})
 
 
 # -- the parent: run and judge ------------------------------------------------------------------------
@@ -187,8 +213,7 @@ def _validate(world_size: object, backend: object, steps: object, seed: object) 
         raise ValueError(f"world_size= must be an int >= 2 (the reference is the world of size 1), got {world_size!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps= must be an int >= 1, got {steps!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    seed = validate_seed(seed)
     if not isinstance(backend, str):
         raise TypeError(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
     if not dist.is_available():
@@ -250,7 +275,7 @@ def check_data_parallel(
     try:
         def job(rank: int, size: int, tag: str) -> Job:
             payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), precision)
-            return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank)
+            return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
         outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), fail_fast=True)
@@ -291,7 +316,7 @@ def _first_error(outcomes: Sequence[JobOutcome], timeout: float) -> ChildError |
 
 
 def judge_data_parallel(
-    reference: dict[str, Any], ranks: Sequence[dict[str, Any]], comparison: Comparison, config: dict[str, Any]
+    reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
 ) -> DataParallelResult:
     world_size = len(ranks)
     violations: list[Violation] = []
@@ -304,28 +329,29 @@ def judge_data_parallel(
     notes: list[str] = []
     data_checked = True
     # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
-    batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace["batch_dependent"]
+    batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
                               if not module.endswith("(SyncBatchNorm)")})
-    for index, expected in enumerate(reference["steps"]):
-        step: int = expected["step"]
-        observed = [rank["steps"][index] for rank in ranks]
-        if expected["sample_ids"] is None or any(o["sample_ids"] is None for o in observed):
+    for index, expected in enumerate(reference.steps):
+        step: int = expected.step
+        observed = [rank.steps[index] for rank in ranks]
+        shards = [o.sample_ids for o in observed if o.sample_ids is not None]
+        if expected.sample_ids is None or len(shards) < len(observed):
             data_checked = False
         else:
-            for violation in shard_violations(step, expected["sample_ids"], [o["sample_ids"] for o in observed]):
+            for violation in shard_violations(step, expected.sample_ids, shards):
                 add(violation)
         first = observed[0]
         unsynchronized = False
         for rank, other in enumerate(observed[1:], start=1):
-            for m in compare_snapshots(first["gradients"], other["gradients"], comparison):
+            for m in compare_snapshots(first.gradients, other.gradients, comparison):
                 unsynchronized = True
                 add(_violation("gradient_mismatch", "gradients", m, step, rank, "grads_not_synchronized",
                                f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not "
                                "all-reduced (a model used without its DDP wrapper, or no_sync() at the step?)."),
-                    first["gradients"].get(m.path), other["gradients"].get(m.path))
+                    first.gradients.get(m.path), other.gradients.get(m.path))
         step_cause = "grads_not_synchronized" if unsynchronized else None
-        for m in compare_snapshots(expected["gradients"], first["gradients"], comparison):
-            e, a = expected["gradients"].get(m.path), first["gradients"].get(m.path)
+        for m in compare_snapshots(expected.gradients, first.gradients, comparison):
+            e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
             cause, preface = step_cause, (
                 "Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a world "
                 "of size 1)."
@@ -346,18 +372,18 @@ def judge_data_parallel(
                 )
             add(_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a)
         for rank, other in enumerate(observed[1:], start=1):
-            for m in compare_snapshots(first["parameters"], other["parameters"], comparison):
+            for m in compare_snapshots(first.parameters, other.parameters, comparison):
                 add(_violation("replica_mismatch", "replicas", m, step, rank, "grads_not_synchronized",
                                f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas drifted "
                                "apart."),
-                    first["parameters"].get(m.path), other["parameters"].get(m.path))
-        for m in compare_snapshots(expected["parameters"], first["parameters"], comparison):
+                    first.parameters.get(m.path), other.parameters.get(m.path))
+        for m in compare_snapshots(expected.parameters, first.parameters, comparison):
             add(_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
                            "Rank 0's parameters after the step differ from the reference's."),
-                expected["parameters"].get(m.path), first["parameters"].get(m.path))
+                expected.parameters.get(m.path), first.parameters.get(m.path))
     if not data_checked:
         notes.append("data stream not checked: the recipe's sample_ids() returns None.")
-    if reference["optimizers"] == 0:
+    if reference.optimizers == 0:
         notes.append("gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.")
     if violations and all(rounding):
         notes.append(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -24,10 +25,15 @@ SCHEMA_VERSION = 1
 LISTED_VIOLATIONS = 10
 
 
+#: control characters (terminal escape sequences among them) but newline and tab, shown escaped
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
 def ascii_text(text: str) -> str:
-    """Make text safe for snapshots: ASCII only, no trailing spaces on any line."""
-    text = text.encode("ascii", "backslashreplace").decode("ascii")
-    return "\n".join(line.rstrip() for line in text.splitlines())
+    """Make text safe for snapshots and terminals: ASCII only, control characters escaped, no trailing spaces."""
+    text = text.replace("\r\n", "\n").encode("ascii", "backslashreplace").decode("ascii")
+    text = _CONTROL.sub(lambda match: f"\\x{ord(match[0]):02x}", text)
+    return "\n".join(line.rstrip() for line in text.split("\n"))
 
 
 def relative_paths(text: str) -> str:

@@ -15,11 +15,12 @@ import shutil
 import tempfile
 from typing import Any
 
-from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_snapshots, resolve_comparison
+from trainparity._compare import EXACT, Comparison, Mismatch, compare_snapshots, resolve_comparison
 from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
 from trainparity._recipe import resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
-from trainparity._trace import StepRecord, TrainPayload, diff_steps
+from trainparity._state import validate_seed
+from trainparity._trace import RunTrace, StepRecord, TrainPayload, diff_steps
 
 TASK = "trainparity._trace:train_run"
 
@@ -55,8 +56,7 @@ def check_resume(
     declared = resolve_comparison(comparison)
     isolation = validate_isolation(isolation)
     timeout = validate_timeout(timeout)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    seed = validate_seed(seed)
     config: dict[str, Any] = {
         "recipe": ref.name,
         "steps": steps,
@@ -69,14 +69,16 @@ def check_resume(
     try:
         checkpoint = f"{checkpoint_dir}/checkpoint"
         run = TrainPayload(ref, seed, 1, steps, checkpoint)
+        decode = RunTrace.from_wire
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
         outcomes = run_jobs(
             [
-                Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout),
-                Job(TASK, run, "baseline", timeout),
-                Job(TASK, dataclasses.replace(run, first=resume_at + 1, load=True), "resumed", timeout, after=0),
-                Job(TASK, run, "baseline (repeat)", timeout),
+                Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout, decode=decode),
+                Job(TASK, run, "baseline", timeout, decode=decode),
+                Job(TASK, dataclasses.replace(run, first=resume_at + 1, load=True), "resumed", timeout, after=0,
+                    decode=decode),
+                Job(TASK, run, "baseline (repeat)", timeout, decode=decode),
             ],
             isolation=isolation,
             fail_fast=True,
@@ -88,10 +90,6 @@ def check_resume(
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
     return judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
-
-
-def _records(trace: dict[str, Any]) -> list[StepRecord]:
-    return [StepRecord.from_dict(step) for step in trace["steps"]]
 
 
 def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
@@ -121,12 +119,6 @@ def _nondeterminism(
     return None
 
 
-def _split_rng(snapshot: Snapshot) -> tuple[Snapshot, Snapshot]:
-    state = {p: v for p, v in snapshot.items() if not p.startswith("rng.")}
-    rng = {p: v for p, v in snapshot.items() if p.startswith("rng.")}
-    return state, rng
-
-
 def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str]) -> tuple[str | None, int | str, int]:
     """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped)."""
     expected = baseline[index].sample_ids or []
@@ -143,15 +135,15 @@ def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str])
 
 
 def judge_resume(
-    baseline: dict[str, Any],
-    repeat: dict[str, Any],
-    interrupted: dict[str, Any],
-    resumed: dict[str, Any],
+    baseline: RunTrace,
+    repeat: RunTrace,
+    interrupted: RunTrace,
+    resumed: RunTrace,
     resume_at: int,
     comparison: Comparison,
     config: dict[str, Any],
 ) -> ResumeResult:
-    base, again, before, after = (_records(t) for t in (baseline, repeat, interrupted, resumed))
+    base, again, before, after = baseline.steps, repeat.steps, interrupted.steps, resumed.steps
     for other, what in ((again, "Two uninterrupted runs differ"),
                         (before, "The interrupted run differs from the uninterrupted one before the save")):
         found = _nondeterminism(base, other, comparison, what)
@@ -160,12 +152,12 @@ def judge_resume(
                                 reason=f"baseline not reproducible: {found.path} differs at step {found.step}")
     violations: list[Violation] = []
     notes: list[str] = []
-    saved_state, saved_rng = _split_rng(resumed_snapshot(interrupted, "saved"))
-    loaded_state, loaded_rng = _split_rng(resumed_snapshot(resumed, "loaded"))
-    for mismatch in compare_snapshots(saved_state, loaded_state, comparison):
+    saved, loaded = interrupted.saved, resumed.loaded
+    assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
+    for mismatch in compare_snapshots(saved.state, loaded.state, comparison):
         violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored",
                                      "The State right after load() differs from the State right after save()."))
-    unrestored = {m.path for m in compare_snapshots(saved_rng, loaded_rng, EXACT)}
+    unrestored = {m.path for m in compare_snapshots(saved.rng, loaded.rng, EXACT)}
     rng_first: dict[str, tuple[Violation, int]] = {}
     last_divergence = 0
     for index, record in enumerate(after, start=resume_at):
@@ -208,13 +200,13 @@ def judge_resume(
         else:
             notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
                          "but nothing else diverged: reported, not failed.")
+    if baseline.unobserved:
+        notes.append(f"not compared: {', '.join(baseline.unobserved)}: trainparity sees no state in these State "
+                     "entries (no state_dict(), tensors, numbers or public attributes); give them a "
+                     "state_dict()/load_state_dict() to have them checked.")
     if any(r.sample_ids is None for r in base):
         notes.append("data stream not checked: the recipe's sample_ids() returns None.")
     outcome = Outcome.FAIL if violations else Outcome.PASS
     return ResumeResult(outcome, violations, notes, config)
 
 
-def resumed_snapshot(trace: dict[str, Any], key: str) -> Snapshot:
-    snapshot: Snapshot | None = trace[key]
-    assert snapshot is not None, f"the run did not record {key}"
-    return snapshot

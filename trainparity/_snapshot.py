@@ -51,13 +51,11 @@ def snapshot_rng() -> Snapshot:
     return {f"rng.{stream}": state for stream, state in capture_rng().items()}
 
 
-def snapshot_state(state: State, *, rng: bool = False) -> Snapshot:
-    """Every State entry flattened by path; with `rng=True` the global RNG streams too."""
+def snapshot_state(state: State) -> Snapshot:
+    """Every State entry flattened by path."""
     names = parameter_names(state)
     out: Snapshot = {}
     for name in state:
         for path, value in entry_components(name, state[name], names):
             flatten(path, value, out)
-    if rng:
-        out.update(snapshot_rng())
     return out

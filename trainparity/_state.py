@@ -72,6 +72,19 @@ class State:
 # -- RNG streams -----------------------------------------------------------------------------------
 
 
+#: seeds torch, numpy (modulo 2**32) and Python's random all accept
+SEED_LIMIT = 2**63
+
+
+def validate_seed(seed: object) -> int:
+    """The `seed=` of a check, refused at the call rather than blamed on the recipe in a child."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed= must be in [0, 2**63), got {seed}")
+    return seed
+
+
 def seed_everything(seed: int) -> None:
     """Seed every global stream the harness tracks (torch, numpy, python, cuda)."""
     random.seed(seed)
@@ -170,8 +183,8 @@ def object_attributes(obj: Any) -> dict[str, Any]:
     at a time by the caller (with a visited set, so a loader's sampler is seen once).
     """
     try:
-        attributes = vars(obj)
-    except TypeError:
+        attributes = dict(vars(obj))
+    except Exception:  # noqa: BLE001 - no __dict__, or one that raises: nothing to observe
         return {}
     found: dict[str, Any] = {}
     for name, value in attributes.items():
@@ -270,6 +283,13 @@ def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[t
             yield from entry_components(f"{name}.{key}", item, names)
     else:
         yield from _object_components(name, value, set(), depth=3)
+
+
+def unobserved_entries(state: State) -> list[str]:
+    """The State entries nothing of which can be observed (no state_dict, tensors or plain attributes)."""
+    names = parameter_names(state)
+    return [f"{name} ({type(state[name]).__name__})" for name in state
+            if next(entry_components(name, state[name], names), None) is None]
 
 
 def _object_components(path: str, obj: Any, seen: set[int], depth: int) -> Iterator[tuple[str, Any]]:

@@ -19,7 +19,7 @@ from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import snapshot_rng, snapshot_state
-from trainparity._state import State, seed_everything
+from trainparity._state import State, seed_everything, unobserved_entries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,65 @@ class StepRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
-        return cls(**data)
+        ids, loss = data["sample_ids"], data["loss"]
+        return cls(
+            step=_typed(data["step"], int, "step"),
+            rng=_snapshot(data["rng"]),
+            sample_ids=None if ids is None else _typed(ids, list, "sample_ids"),
+            loss=None if loss is None else float(_typed(loss, (int, float), "loss")),
+            state=_snapshot(data["state"]),
+        )
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise TypeError(f"{what} is a {type(value).__name__}")
+    return value
+
+
+def _snapshot(value: Any) -> Snapshot:
+    snapshot: Snapshot = dict(_typed(value, dict, "snapshot"))
+    return snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class Boundary:
+    """The State and the RNG streams at a save or a load, kept apart so that no entry name can collide."""
+
+    state: Snapshot
+    rng: Snapshot
+
+    @classmethod
+    def capture(cls, state: State) -> Boundary:
+        return cls(snapshot_state(state), snapshot_rng())
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTrace:
+    """One run of the resume check: its steps, and the State right after load() and right after save()."""
+
+    steps: list[StepRecord]
+    loaded: Boundary | None
+    saved: Boundary | None
+    #: State entries that could not be observed, hence not compared (`unobserved_entries`)
+    unobserved: list[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "steps": [record.to_dict() for record in self.steps],
+            "loaded": None if self.loaded is None else dataclasses.asdict(self.loaded),
+            "saved": None if self.saved is None else dataclasses.asdict(self.saved),
+            "unobserved": self.unobserved,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RunTrace:
+        def boundary(value: Any) -> Boundary | None:
+            return None if value is None else Boundary(_snapshot(value["state"]), _snapshot(value["rng"]))
+
+        return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
+                   boundary(data["loaded"]), boundary(data["saved"]),
+                   [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")])
 
 
 def loss_value(loss: Any, where: str) -> float | None:
@@ -96,21 +154,21 @@ class TrainPayload:
 
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
-    """Child task: train and trace. `loaded`/`saved` are snapshots (with RNG) around load/save."""
+    """Child task: train and trace (`RunTrace` on the wire)."""
     recipe = payload.recipe.build()
     seed_everything(payload.seed)
     loaded = None
     if payload.load:
         state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
-        loaded = snapshot_state(state, rng=True)
+        loaded = Boundary.capture(state)
     else:
         state = require_state(recipe.setup(), recipe, "setup")
-    steps = [record.to_dict() for record in record_steps(recipe, state, payload.first, payload.last)]
+    steps = list(record_steps(recipe, state, payload.first, payload.last))
     saved = None
     if payload.save:
         recipe.save(state, pathlib.Path(payload.checkpoint))
-        saved = snapshot_state(state, rng=True)
-    return {"steps": steps, "loaded": loaded, "saved": saved}
+        saved = Boundary.capture(state)
+    return RunTrace(steps, loaded, saved, unobserved_entries(state)).to_wire()
 
 
 @dataclasses.dataclass(frozen=True)

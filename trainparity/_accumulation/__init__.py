@@ -34,6 +34,7 @@ from trainparity._precision import (
 from trainparity._recipe import Recipe, RecipeRef, import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, json_safe
 from trainparity._split import validate_microbatches
+from trainparity._state import validate_seed
 
 __all__ = ["check_accumulation"]
 
@@ -71,8 +72,7 @@ def _validate(cycles: object, seed: object, split: object, isolation: str, disab
               batch_dependent: object) -> int:
     if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1:
         raise ValueError(f"cycles= must be an int >= 1 (windows of k micro-batches compared), got {cycles!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
+    validate_seed(seed)
     if split is not None and not callable(split):
         raise TypeError(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
     if split is not None and isolation != "inprocess" and _split_reference(split) is None:
@@ -139,7 +139,9 @@ def check_accumulation(
     sent = split if split is None or isolation == "inprocess" else _split_reference(split)
     candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
     outcomes = run_jobs(
-        [Job(TASK, reference, "reference", timeout), Job(TASK, candidate, "candidate", timeout)], isolation=isolation
+        [Job(TASK, reference, "reference", timeout, decode=AccumulationTrace.from_wire),
+         Job(TASK, candidate, "candidate", timeout, decode=AccumulationTrace.from_wire)],
+        isolation=isolation,
     )
     failed = first_error(outcomes)
     if failed is not None and failed.error is not None:
@@ -148,6 +150,6 @@ def check_accumulation(
         if hint is not None:
             result.notes.append(hint)
         return result
-    reference_trace, candidate_trace = (AccumulationTrace.from_wire(o.output) for o in outcomes if o.output)
+    reference_trace, candidate_trace = (o.output for o in outcomes)
     return judge_accumulation(reference_trace, candidate_trace, k, effective_comparison(declared, precision), config,
                               precision, batch_dependent)

@@ -10,6 +10,7 @@ and the schedulers' state (by State path). The first window that diverges ends t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -75,7 +76,9 @@ def judge_accumulation(
     batch_dependent_mode: str,
 ) -> AccumulationResult:
     """The verdict on two traces; raises ValueError when the candidate's batches could not be cut."""
-    for mismatch in compare_snapshots(reference.initial, candidate.initial, EXACT):
+    initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
+                              compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
+    for mismatch in initial:
         violation = Violation("initial_state_mismatch", mismatch.path, mismatch.message, expected=mismatch.expected,
                               actual=mismatch.actual)
         return AccumulationResult(Outcome.ABSTAIN, [violation], config=config, reason=(

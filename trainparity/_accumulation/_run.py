@@ -19,7 +19,7 @@ from trainparity._compare import Snapshot
 from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
 from trainparity._precision import cast_batch, convert_state, require_float64, running_in
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef, import_attribute
-from trainparity._snapshot import flatten, snapshot_state, to_leaf
+from trainparity._snapshot import flatten, snapshot_rng, snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch
 from trainparity._state import optimizer_named_state_dict, seed_everything
 from trainparity._trace import loss_value, next_batch, require_state
@@ -66,14 +66,14 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
                       record_contributions=payload.microbatches is not None,
                       batch_dependent=payload.batch_dependent, before_step=before_step) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.
-            initial = snapshot_state(state, rng=True)
+            initial, initial_rng = snapshot_state(state), snapshot_rng()
             input_error, windows = None, []
             try:
                 windows = _run_windows(recipe, observer, payload)
             except _InputError as error:
                 input_error = str(error)
-            trace = AccumulationTrace(initial, input_error, windows, list(observer.optimizers), observer.dropout,
-                                      sorted(observer.batch_dependent), observer.stride)
+            trace = AccumulationTrace(initial, initial_rng, input_error, windows, list(observer.optimizers),
+                                      observer.dropout, sorted(observer.batch_dependent), observer.stride)
     return trace.to_wire()
 
 

@@ -109,8 +109,10 @@ class Window:
 class AccumulationTrace:
     """One run of the accumulation check."""
 
-    #: the State right after setup() (dropout already disabled), RNG streams included
+    #: the State right after setup() (dropout already disabled)
     initial: Snapshot
+    #: the RNG streams right after setup(), apart from the State so that no entry name can collide
+    initial_rng: Snapshot
     #: the batch could not be cut as declared (the check's input is wrong, not the recipe)
     input_error: str | None
     windows: list[Window]
@@ -125,6 +127,7 @@ class AccumulationTrace:
     def to_wire(self) -> dict[str, Any]:
         return {
             "initial": self.initial,
+            "initial_rng": self.initial_rng,
             "input_error": self.input_error,
             "windows": [window.to_wire() for window in self.windows],
             "optimizers": self.optimizers,
@@ -137,6 +140,7 @@ class AccumulationTrace:
     def from_wire(cls, data: dict[str, Any]) -> AccumulationTrace:
         return cls(
             initial=dict(data["initial"]),
+            initial_rng=dict(data["initial_rng"]),
             input_error=data["input_error"],
             windows=[Window.from_wire(window) for window in data["windows"]],
             optimizers=list(data["optimizers"]),
