@@ -54,7 +54,7 @@ def run_world(buggy: bool) -> list[dict[str, Any]]:
                     {"rank": r, "init_method": init_method, "buggy": buggy, "sampler_rank": 0}, f"rank {r}", 90.0,
                     rank=r)
                 for r in range(WORLD)]
-        outcomes = run_jobs(jobs, concurrency=WORLD, fail_fast=True)
+        outcomes = run_jobs(jobs, concurrency=WORLD, on_failure="all")
     errors = [o.error.headline() for o in outcomes if o.error is not None]
     if errors:
         raise AssertionError("; ".join(errors))

@@ -290,7 +290,7 @@ def test_torchrun_example_through_the_harness_launcher(tmp_path: pathlib.Path, s
     store = str(tmp_path / "store")
     jobs = [Job("test_data_parallel:run_example_rank", {"store": store, "rank": rank, "same_shard": same_shard},
                 f"rank {rank}", timeout=60, rank=rank) for rank in range(2)]
-    rank0, rank1 = run_jobs(jobs, isolation="process", concurrency=2, fail_fast=True)
+    rank0, rank1 = run_jobs(jobs, isolation="process", concurrency=2, on_failure="all")
     assert rank0.error is None and rank1.error is None, (rank0.error, rank1.error)
     assert rank0.output is not None and rank1.output == {"outcome": None, "report": None, "kinds": []}
     if same_shard:

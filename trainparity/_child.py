@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainparity import _wire as wire
+from trainparity._report import relative_paths
 from trainparity._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
@@ -64,7 +65,10 @@ _PACKAGE = pathlib.Path(__file__).resolve().parent
 
 
 def engine_frame(filename: str) -> bool:
-    """Whether a frame is trainparity's own: a private module (`_*.py`, `_*/`) of the package."""
+    """Whether a frame is trainparity's own: a private module (`_*.py`, `_*/`) of the package, or the
+    `python -c` line that started the fork server or a spawned child."""
+    if filename == "<string>":
+        return True
     path = pathlib.Path(os.path.abspath(filename))
     return path.is_relative_to(_PACKAGE) and path.relative_to(_PACKAGE).parts[0].startswith("_")
 
@@ -109,7 +113,7 @@ def error_record(error: BaseException) -> dict[str, str]:
         "exc_type": type(error).__qualname__,
         "exc_module": type(error).__module__,
         "message": bounded(message),
-        "traceback": bounded(format_user_traceback(error)),
+        "traceback": bounded(relative_paths(format_user_traceback(error))),
     }
 
 

@@ -278,7 +278,7 @@ def check_data_parallel(
             return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
-        outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), fail_fast=True)
+        outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), on_failure="all")
         error = _first_error(outcomes, timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -268,42 +268,50 @@ def shutdown() -> None:
 # -- running jobs ----------------------------------------------------------------------------------
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived while children were running: clean up, then let the signal take its course."""
+class Terminated(SystemExit):
+    """SIGTERM arrived while children were running: every cleanup on the way out runs (children
+    killed, temporary files removed), then the process exits with status 143 (128 + SIGTERM)."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into an exception while jobs run (main thread, default handler only), re-sent after."""
+    """Turn SIGTERM into `Terminated` while jobs run (main thread, where no handler was set)."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
 
     def terminate(signum: int, frame: object) -> None:
-        raise _Terminated
+        raise Terminated
 
     signal.signal(signal.SIGTERM, terminate)
     try:
         yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+#: what a failed job does to the others: nothing, abandon the jobs after it, or abandon all
+FAILURE_POLICIES = ("continue", "later", "all")
+
+
 def run_jobs(
-    jobs: Sequence[Job], *, isolation: str = "process", concurrency: int | None = None, fail_fast: bool = False
+    jobs: Sequence[Job], *, isolation: str = "process", concurrency: int | None = None, on_failure: str = "continue"
 ) -> list[JobOutcome]:
     """Run `jobs` (concurrently where cores allow) and return their outcomes in order.
 
-    With `fail_fast`, the first job that raises, dies or times out gets every other job
-    killed (ranks of one distributed run wait on each other forever otherwise); those are
-    reported with kind "abandoned", the failed job carries the error. `first_error`
-    picks the error to report. Jobs without `after` share one deadline, `timeout` seconds
-    after the call; a job with `after` has its timeout from its own start.
+    When a job raises, dies or times out, `on_failure="later"` kills or skips the jobs after
+    it in the list, while the earlier ones run on: when every job fails, the first one's
+    error is the one reported, whichever ended first. `on_failure="all"` kills every other
+    job (ranks of one distributed run wait on each other forever otherwise). Those are
+    reported with kind "abandoned", the failed job carries the error; `first_error` picks
+    the error to report. Jobs without `after` share one deadline, `timeout` seconds after
+    the call; a job with `after` has its timeout from its own start.
     """
+    if on_failure not in FAILURE_POLICIES:
+        raise ValueError(f"on_failure must be one of {FAILURE_POLICIES}, got {on_failure!r}")
     for index, job in enumerate(jobs):
         if job.after is not None and not 0 <= job.after < index:
             raise ValueError(f"Job.after must name an earlier job, got {job.after} for job {index}")
@@ -323,7 +331,7 @@ def run_jobs(
             launcher = _SERVER if isolation == "process" else Spawner()
             if launcher is _SERVER:
                 _SERVER.ensure_running()  # before the clock starts: the server's warm-up is not the jobs' time
-            batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), fail_fast)
+            batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), on_failure)
             return batch.run()
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
@@ -370,7 +378,10 @@ def user_stacks(workdir: pathlib.Path) -> str | None:
                   if (match := _DUMP_FRAME.match(line)) and not engine_frame(match["file"])]
         if frames:
             threads.append("\n".join("  " + frame for frame in frames))
-    return "\n  (another thread)\n".join(threads) or None
+    if not threads:
+        return None
+    return "Stack when the process crashed or was killed (most recent call first):\n" + "\n  (another thread)\n".join(
+        threads)
 
 
 def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number: int) -> JobOutcome:
@@ -404,12 +415,12 @@ class _Batch:
     """One run_jobs call over processes: launches, deadlines, exits, kills and their confirmation."""
 
     def __init__(self, jobs: Sequence[Job], workroot: pathlib.Path, launcher: ForkServer | Spawner,
-                 concurrency: int, fail_fast: bool) -> None:
+                 concurrency: int, on_failure: str) -> None:
         self.jobs = jobs
         self.workroot = workroot
         self.launcher = launcher
         self.concurrency = concurrency
-        self.fail_fast = fail_fast
+        self.on_failure = on_failure
         self.outcomes: list[JobOutcome | None] = [None] * len(jobs)
         self.pending = list(range(len(jobs)))
         self.running: dict[str, _Running] = {}
@@ -467,8 +478,8 @@ class _Batch:
         item = self.running.pop(key)
         job = self.jobs[item.index]
         self.outcomes[item.index] = outcome = _read_outcome(job, item.workdir, code, sig)
-        if self.fail_fast and outcome.error is not None:
-            self._abandon_all(f"killed after {job.phase} failed")
+        if outcome.error is not None:
+            self._abandon(item.index, f"killed after {job.phase} failed")
 
     def _expire(self) -> bool:
         """Kill the jobs past their deadline; whether any was."""
@@ -482,8 +493,7 @@ class _Batch:
                 "timeout", job.phase, f"did not finish within timeout={job.timeout:g} s; its process tree was killed",
                 rank=job.rank,
             ))
-            if self.fail_fast:
-                self._abandon_all(f"killed after {job.phase} timed out")
+            self._abandon(item.index, f"killed after {job.phase} timed out")
         return bool(late)
 
     def _kill(self, key: str, error: ChildError | None) -> None:
@@ -493,12 +503,18 @@ class _Batch:
         if error is not None:
             self.outcomes[item.index] = JobOutcome(error.phase, None, error)
 
-    def _abandon_all(self, why: str) -> None:
+    def _abandon(self, failed: int, why: str) -> None:
+        """What `on_failure` says to do with the other jobs once job `failed` has failed."""
+        if self.on_failure == "continue":
+            return
+        first = 0 if self.on_failure == "all" else failed + 1
         for key, item in list(self.running.items()):
-            self._kill(key, ChildError("abandoned", self.jobs[item.index].phase, why, rank=self.jobs[item.index].rank))
-        for index in self.pending:
+            if item.index >= first:
+                job = self.jobs[item.index]
+                self._kill(key, ChildError("abandoned", job.phase, why, rank=job.rank))
+        for index in [i for i in self.pending if i >= first]:
             self.outcomes[index] = self._abandoned(self.jobs[index], f"not started: {why}")
-        self.pending.clear()
+            self.pending.remove(index)
 
     @staticmethod
     def _abandoned(job: Job, why: str) -> JobOutcome:

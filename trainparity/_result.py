@@ -59,7 +59,8 @@ class Violation:
 class ChildError:
     """Why a check ended in ERROR: the user's exception, a timeout, or a dead process."""
 
-    #: "raised", "timeout", "died", or "abandoned" (killed or never started because another run failed)
+    #: "raised", "timeout", "died", "corrupt" (its output could not be read), or "abandoned" (killed or
+    #: never started because another run failed)
     kind: str
     #: which run of the check failed, e.g. "baseline", "interrupted", "resumed", "rank 1"
     phase: str
@@ -82,7 +83,7 @@ class ChildError:
     def headline(self) -> str:
         if self.kind == "raised":
             return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
-        if self.kind in ("timeout", "abandoned"):
+        if self.kind in ("timeout", "abandoned", "corrupt"):
             return f"{self.phase}: {self.message}"
         return f"{self.phase}: the process died ({self.message})"
 

@@ -81,7 +81,7 @@ def check_resume(
                 Job(TASK, run, "baseline (repeat)", timeout, decode=decode),
             ],
             isolation=isolation,
-            fail_fast=True,
+            on_failure="later",
         )
         failed = first_error(outcomes)
         if failed is not None and failed.error is not None:

@@ -1,0 +1,274 @@
+"""Reliability: every fault ends in a clear result, nothing is left running, no raw exception escapes.
+
+Each test stands for one way a check used to go wrong (issue 10); `tools/faults.py` runs the
+whole fault matrix. Timing bounds here are loose (seconds past the timeout, where the old
+engine took ten more): they catch a wait that should not be there, not a slow machine.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueEntry, WithRngEntry, recorded_pids
+from process_helpers import running, still_running
+
+import trainparity as tp
+from trainparity import _engine, _wire
+from trainparity._child import RESULT_FILE
+from trainparity._tree import JOB_MARKER
+
+HERE = pathlib.Path(__file__).resolve().parent
+ISOLATIONS = ("process", "spawn")
+
+
+def resume(recipe: tp.Recipe, isolation: str = "process", timeout: float = 60) -> tp.ResumeResult:
+    return tp.check_resume(recipe, steps=4, resume_at=2, isolation=isolation, timeout=timeout)
+
+
+def marked_processes() -> list[int]:
+    """Processes carrying a trainparity job marker (what a check started and has not killed)."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if JOB_MARKER.encode() + b"=" in (entry / "environ").read_bytes() and running(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def server_children() -> list[int]:
+    """The live children of this process's fork server."""
+    server = _engine._SERVER._process
+    if server is None:
+        return []
+    children = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == server.pid and running(int(entry.name)):
+                children.append(int(entry.name))
+    return children
+
+
+@pytest.fixture
+def pid_dir(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    yield tmp_path
+    assert still_running(recorded_pids(tmp_path)) == []
+
+
+# 1. Ctrl-C while the fork server starts a child ---------------------------------------------------
+
+
+def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running() -> None:
+    _engine.warm_up()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for delay_ms in (0.1, 0.5, 1, 2, 3, 5, 8, 12, 20):
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delay_ms / 1000)
+                resume(Faulty("hang"), timeout=60)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            deadline = time.monotonic() + 3
+            while server_children() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert server_children() == [], f"interrupted {delay_ms} ms into the check"
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    # nothing stale is left in the protocol either: the next check runs normally
+    assert resume(Faulty()).outcome is tp.Outcome.PASS
+
+
+# 2. A check past its timeout returns promptly --------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_a_timed_out_accumulation_check_returns_soon_after_its_timeout(isolation: str, pid_dir: pathlib.Path) -> None:
+    started = time.monotonic()
+    result = tp.check_accumulation(Faulty("hang", pid_dir=str(pid_dir)), isolation=isolation, timeout=3)
+    elapsed = time.monotonic() - started
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None and result.error.kind == "timeout"
+    assert elapsed < 3 + 5, f"returned {elapsed:.1f} s after a 3 s timeout"
+
+
+def test_a_hanging_rank_of_a_large_world_ends_the_check_soon_after_its_timeout(pid_dir: pathlib.Path) -> None:
+    started = time.monotonic()
+    result = tp.check_data_parallel(Faulty("hang", pid_dir=str(pid_dir)), world_size=12, steps=2, timeout=20)
+    elapsed = time.monotonic() - started
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert result.error.kind == "timeout" and "in inject" in (result.error.traceback or ""), result.report()
+    assert elapsed < 20 + 5, f"returned {elapsed:.1f} s after a 20 s timeout"
+
+
+# 3. Whole trees are killed -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize(("fault", "outcome"), [("grandchild_hangs", tp.Outcome.ERROR),
+                                                 ("grandchild_left", tp.Outcome.PASS)])
+def test_a_grandchild_in_its_own_session_does_not_survive_the_check(
+    isolation: str, fault: str, outcome: tp.Outcome, pid_dir: pathlib.Path
+) -> None:
+    # long enough for a spawned interpreter to import torch and reach the step
+    timeout = 60 if outcome is tp.Outcome.PASS else 8 if isolation == "process" else 20
+    result = resume(Faulty(fault, pid_dir=str(pid_dir)), isolation=isolation, timeout=timeout)
+    assert result.outcome is outcome, result.report()
+    assert len(recorded_pids(pid_dir)) >= 2  # the child and its grandchild did start
+    assert still_running(recorded_pids(pid_dir)) == []
+    assert marked_processes() == []
+
+
+# 4. Output the parent cannot read is an ERROR, not a raw exception --------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fields", "nested"])
+def test_undecodable_child_output_is_an_error(kind: str) -> None:
+    result = resume(CorruptsItsTrace(kind))
+    assert result.outcome is tp.Outcome.ERROR, result.report()
+    assert result.error is not None and result.error.kind in ("corrupt", "raised"), result.report()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "truncated", "flipped"])
+def test_unreadable_result_files_are_corrupt_outcomes(damage: str, tmp_path: pathlib.Path) -> None:
+    _wire.dump({"steps": [], "tensor": torch.arange(100)}, tmp_path / RESULT_FILE)
+    data = (tmp_path / RESULT_FILE).read_bytes()
+    damaged = {"garbage": b"\xff\xfe not the wire format", "empty": b"", "truncated": data[: len(data) // 2],
+               "flipped": bytes(b ^ 0xFF for b in data[:40]) + data[40:]}[damage]
+    (tmp_path / RESULT_FILE).write_bytes(damaged)
+    job = _engine.Job("trainparity._trace:train_run", None, "baseline", 10.0)
+    outcome = _engine._read_outcome(job, tmp_path, 0, 0)
+    assert outcome.output is None and outcome.error is not None and outcome.error.kind == "corrupt"
+    assert outcome.error.headline().startswith("baseline: its output could not be read")
+
+
+# 5. Valid input gets a right answer ---------------------------------------------------------------------
+
+
+def test_a_state_entry_named_rng_is_state_not_a_random_stream() -> None:
+    assert resume(WithRngEntry()).outcome is tp.Outcome.PASS
+    result = resume(WithRngEntry(forget=True))
+    first = result.first_violation
+    assert first is not None and (first.path, first.kind, first.cause) == ("rng", "state_mismatch", "not_restored")
+
+
+# 6. Bad input is refused at the call ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [2**70, 2**63, -1])
+def test_a_seed_out_of_range_is_refused_at_the_call(seed: int) -> None:
+    with pytest.raises(ValueError, match=r"seed= must be in \[0, 2\*\*63\)"):
+        tp.check_resume(Faulty(), seed=seed)
+    with pytest.raises(ValueError, match="seed="):
+        tp.check_accumulation(Faulty, seed=seed)
+    with pytest.raises(ValueError, match="seed="):
+        tp.check_data_parallel(Faulty, world_size=2, seed=seed)
+
+
+# 7. Reports ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize(("fault", "kind"), [("hang", "timeout"), ("sigsegv", "died")])
+def test_hangs_and_crashes_come_with_the_recipes_stack(isolation: str, fault: str, kind: str,
+                                                       pid_dir: pathlib.Path) -> None:
+    timeout = 8 if isolation == "process" else 20
+    result = resume(Faulty(fault, pid_dir=str(pid_dir)), isolation=isolation, timeout=timeout)
+    assert result.error is not None and result.error.kind == kind, result.report()
+    stack = result.error.traceback or ""
+    assert "fault_recipes.py" in stack and "in inject" in stack and "in step" in stack, result.report()
+    assert "trainparity/_" not in stack and "<string>" not in stack
+
+
+def test_every_run_failing_reports_the_same_phase_and_traceback_in_every_isolation() -> None:
+    reports = {(isolation, attempt): resume(Faulty("raise", phase="setup"), isolation=isolation)
+               for isolation in ISOLATIONS for attempt in range(3)}
+    phases = {result.error.phase for result in reports.values() if result.error is not None}
+    tracebacks = {result.error.traceback for result in reports.values() if result.error is not None}
+    assert phases == {"interrupted"}
+    assert len(tracebacks) == 1
+    traceback = tracebacks.pop() or ""
+    assert "test/fault_recipes.py" in traceback and "trainparity/_" not in traceback and str(HERE) not in traceback
+
+
+def test_escape_codes_in_an_exception_do_not_reach_the_report() -> None:
+    report = resume(Faulty("escape_codes")).report()
+    assert "\x1b" not in report and "\x07" not in report
+    assert "\\x1b[31mred\\x1b[0m and a bell\\x07" in report
+
+
+def test_a_huge_exception_message_makes_a_bounded_report() -> None:
+    report = resume(Faulty("huge_message")).report()
+    assert len(report) < 50_000  # the message, cut to 10,000 characters, is in the reason and the traceback
+    assert "more characters cut" in report
+
+
+# 8. No environment at rest ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_the_environment_is_never_written_to_a_temporary_file(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_VARIABLE, f"secret-{uuid.uuid4()}")
+    result = resume(Faulty("secret_on_disk"), isolation=isolation)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_files(tmp_path: pathlib.Path) -> None:
+    pids, temporary = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    temporary.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import trainparity as tp
+        from trainparity import _engine
+        from fault_recipes import Faulty
+        _engine.warm_up()
+        print(_engine._SERVER._process.pid, flush=True)
+        tp.check_resume(Faulty("grandchild_hangs", pid_dir={str(pids)!r}), steps=4, resume_at=2, timeout=120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(temporary)})
+    try:
+        assert parent.stdout is not None
+        server = int(parent.stdout.readline())
+        deadline = time.monotonic() + 60
+        while len(recorded_pids(pids)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(recorded_pids(pids)) >= 2, "the recipe did not start"
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 128 + signal.SIGTERM  # after cleaning up, as a shell reports SIGTERM
+    finally:
+        parent.kill()
+        parent.wait()
+    assert still_running([*recorded_pids(pids), server]) == []
+    assert list(temporary.glob("trainparity-*")) == []  # torch may keep caches there (torchinductor_<user>)
+
+
+# 9. What is not compared is said ---------------------------------------------------------------------------------
+
+
+def test_opaque_state_entries_are_named_in_the_notes() -> None:
+    result = resume(WithOpaqueEntry())
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert any(note.startswith("not compared: blob (object)") for note in result.notes), result.notes

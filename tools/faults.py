@@ -1,0 +1,335 @@
+"""The fault matrix: every fault ends in a clear result, nothing is left running, no file is left.
+
+    python tools/faults.py                       # the full matrix (about half an hour on 2 cores)
+    python tools/faults.py --quick               # the bounded subset CI runs (a few minutes)
+    python tools/faults.py --write docs/reliability.md
+
+Faults (test/fault_recipes.py: raise, hang, os._exit, SIGKILL, SIGSEGV, sys.exit(0), a hanging
+grandchild in its own session, a grandchild left behind, a child ignoring SIGTERM, a huge
+message, escape codes, huge output, reading stdin, looking for the environment on disk) are
+injected into each phase (setup, batches, step, save, load, sample_ids) of the resume,
+accumulation and data-parallel checks in each isolation that runs children, and into the
+iterables `check_coverage` reads. Then signals to the parent (SIGINT at many moments, SIGTERM)
+and leak loops of many checks. For each row: the outcome, whether anything was left running,
+whether temporary files were left, the seconds between the timeout and the return, and
+whether a raw exception escaped. Exits 1 if any row breaks a promise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TEST_DIR = ROOT / "test"
+# Every temporary file of every check goes below a directory of our own, so that what is left is seen.
+SCRATCH = pathlib.Path(tempfile.mkdtemp(prefix="faults-"))
+os.environ["TMPDIR"] = str(SCRATCH / "tmp")
+(SCRATCH / "tmp").mkdir()
+tempfile.tempdir = None
+sys.path.insert(0, str(TEST_DIR))
+sys.path.insert(0, str(ROOT))
+
+import fault_recipes as recipes  # noqa: E402
+from process_helpers import running, still_running  # noqa: E402
+
+import trainparity as tp  # noqa: E402
+from trainparity import _engine  # noqa: E402
+from trainparity._tree import JOB_MARKER  # noqa: E402
+
+TIMEOUTS = {"process": 6.0, "spawn": 20.0}
+CHECK_PHASES = {
+    "resume": recipes.PHASES,
+    "accumulation": ("setup", "batches", "step", "sample_ids"),
+    "data parallel": ("setup", "batches", "step", "sample_ids"),
+}
+#: faults of user iterables that check_coverage reads in this process
+COVERAGE_FAULTS = ("raise", "huge_message", "escape_codes")
+
+
+@dataclass
+class Row:
+    check: str
+    isolation: str
+    phase: str
+    fault: str
+    outcome: str
+    kind: str
+    left_running: int
+    files_left: int
+    past_timeout: float | None
+    raw_exception: str | None
+    #: what went wrong with this row, if anything
+    problem: str | None = None
+
+    def cells(self) -> list[str]:
+        past = "-" if self.past_timeout is None else f"{self.past_timeout:+.1f}"
+        return [self.check, self.isolation, self.phase, self.fault, self.outcome, self.kind or "-",
+                str(self.left_running), str(self.files_left), past, self.raw_exception or "-",
+                self.problem or "ok"]
+
+
+HEADER = ["check", "isolation", "phase", "fault", "outcome", "error kind", "left running", "files left",
+          "s past timeout", "raw exception", "verdict"]
+
+
+def marked_processes() -> list[int]:
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (JOB_MARKER + "=").encode() in (entry / "environ").read_bytes() and running(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def leftover_files() -> int:
+    """Temporary files and directories of trainparity's (torch keeps caches of its own there too)."""
+    return sum(1 for _ in (SCRATCH / "tmp").glob("trainparity-*"))
+
+
+def clear_leftovers() -> None:
+    for path in (SCRATCH / "tmp").glob("trainparity-*"):
+        subprocess.run(["rm", "-rf", str(path)], check=False)
+
+
+def expected_outcome(fault: str) -> set[str]:
+    return {"PASS"} if fault in recipes.BENIGN else {"ERROR"}
+
+
+def run_row(check: str, isolation: str, phase: str, fault: str, call: Callable[[str], tp.Result],
+            timeout: float | None) -> Row:
+    pid_dir = SCRATCH / f"pids-{time.monotonic_ns()}"
+    pid_dir.mkdir()
+    started = time.monotonic()
+    raw = None
+    outcome, kind = "-", ""
+    try:
+        result = call(str(pid_dir))
+        outcome = result.outcome.value
+        kind = result.error.kind if result.error is not None else ""
+    except Exception as error:  # noqa: BLE001 - what the matrix looks for
+        raw = f"{type(error).__name__}: {str(error)[:80]}"
+    elapsed = time.monotonic() - started
+    left = still_running(recipes.recorded_pids(pid_dir), grace=2.0)
+    left += [pid for pid in marked_processes() if pid not in left]
+    files = leftover_files()
+    clear_leftovers()
+    past = elapsed - timeout if timeout is not None and kind == "timeout" else None
+    problems = []
+    if raw:
+        problems.append("raw exception")
+    if outcome not in expected_outcome(fault) and not raw:
+        problems.append(f"expected {'/'.join(sorted(expected_outcome(fault)))}")
+    if left:
+        problems.append("left running")
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    if files:
+        problems.append("files left")
+    if past is not None and past > 2.0:
+        problems.append("timeout not honoured")
+    return Row(check, isolation, phase, fault, outcome, kind, len(left), files, past, raw,
+               "; ".join(problems) or None)
+
+
+def matrix(quick: bool) -> Iterator[Row]:
+    isolations = ("process",) if quick else ("process", "spawn")
+    for check, phases in CHECK_PHASES.items():
+        for isolation in isolations:
+            for phase in ("step",) if quick else phases:
+                for fault in recipes.FAULTS:
+                    if fault == "huge_output" and phase != "step":
+                        continue  # where the output comes from changes nothing
+                    timeout = TIMEOUTS[isolation] + (10.0 if check == "data parallel" else 0.0)
+                    yield run_row(check, isolation, phase, fault, _checker(check, isolation, phase, fault, timeout),
+                                  timeout)
+    for fault in COVERAGE_FAULTS:
+        yield run_row("coverage", "inprocess", "iteration", fault, _coverage(fault), None)
+
+
+def _checker(check: str, isolation: str, phase: str, fault: str, timeout: float) -> Callable[[str], tp.Result]:
+    def call(pid_dir: str) -> tp.Result:
+        recipe = recipes.Faulty(fault, phase, pid_dir)
+        if check == "resume":
+            return tp.check_resume(recipe, steps=4, resume_at=2, isolation=isolation, timeout=timeout)
+        if check == "accumulation":
+            return tp.check_accumulation(recipe, microbatches=2, cycles=1, isolation=isolation, timeout=timeout)
+        return tp.check_data_parallel(recipe, world_size=2, steps=2, isolation=isolation, timeout=timeout)
+
+    return call
+
+
+def _coverage(fault: str) -> Callable[[str], tp.Result]:
+    def batches() -> Iterator[list[int]]:
+        yield [0, 1]
+        recipes.inject(fault, None)
+
+    return lambda pid_dir: tp.check_coverage({0: batches()}, policy=tp.ExactlyOnce(range(4)))
+
+
+# -- signals to the parent, leaks -------------------------------------------------------------------------
+
+
+def interrupts(count: int) -> Iterator[Row]:
+    """SIGINT (as KeyboardInterrupt) at moments spread over the first 50 ms of a check that hangs."""
+    _engine.warm_up()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        for attempt in range(count):
+            delay = 0.0001 + 0.05 * attempt / count
+            pid_dir = SCRATCH / f"pids-int-{attempt}"
+            pid_dir.mkdir()
+            interrupted = False
+            try:
+                signal.setitimer(signal.ITIMER_REAL, delay)
+                tp.check_resume(recipes.Faulty("hang", pid_dir=str(pid_dir)), steps=4, resume_at=2, timeout=60)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            left = still_running(recipes.recorded_pids(pid_dir), grace=2.0) + marked_processes()
+            files = leftover_files()
+            clear_leftovers()
+            problem = "; ".join(p for p, bad in (("not interrupted", not interrupted), ("left running", left),
+                                                 ("files left", files)) if bad) or None
+            yield Row("resume", "process", f"parent, {delay * 1000:.1f} ms", "SIGINT", "interrupted" if interrupted
+                      else "-", "", len(left), files, None, None, problem)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+def sigterm(isolation: str) -> Row:
+    """SIGTERM to a parent process whose check runs a hanging recipe with a grandchild."""
+    pids = SCRATCH / f"pids-term-{isolation}"
+    pids.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(TEST_DIR)!r}, {str(ROOT)!r}]
+        import trainparity as tp
+        from fault_recipes import Faulty
+        tp.check_resume(Faulty("grandchild_hangs", pid_dir={str(pids)!r}), steps=4, resume_at=2, timeout=120,
+                        isolation={isolation!r})
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 90
+    while len(recipes.recorded_pids(pids)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    parent.send_signal(signal.SIGTERM)
+    try:
+        code = parent.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        code = parent.wait()
+    left = still_running(recipes.recorded_pids(pids), grace=3.0) + marked_processes()
+    files = leftover_files()
+    clear_leftovers()
+    problem = "; ".join(p for p, bad in (("did not end by SIGTERM", code != -signal.SIGTERM), ("left running", left),
+                                         ("files left", files)) if bad) or None
+    return Row("resume", isolation, "parent", "SIGTERM", f"exit {code}", "", len(left), files, None, None, problem)
+
+
+def leak_loop(checks: int) -> Row:
+    """Many failing and passing checks in one process: open files, threads and memory stay flat."""
+    def measure() -> tuple[int, int, int]:
+        return (len(os.listdir("/proc/self/fd")), threading.active_count(),
+                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+    for _ in range(10):  # warm caches first
+        tp.check_resume(recipes.Faulty("raise"), steps=2, resume_at=1, timeout=30)
+    before = measure()
+    for index in range(checks):
+        fault = ("raise", None, "exit")[index % 3]
+        tp.check_resume(recipes.Faulty(fault), steps=2, resume_at=1, timeout=30)
+    after = measure()
+    left = marked_processes()
+    files = leftover_files()
+    clear_leftovers()
+    grown = [name for name, b, a, slack in zip(("fds", "threads", "max RSS"), before, after, (0, 0, 64 * 1024),
+                                               strict=True) if a > b + slack]
+    problem = "; ".join(([f"{', '.join(grown)} grew"] if grown else []) + (["left running"] if left else [])
+                        + (["files left"] if files else [])) or None
+    outcome = f"fds {before[0]}->{after[0]}, threads {before[1]}->{after[1]}, max RSS {before[2] // 1024}->" \
+              f"{after[2] // 1024} MB"
+    return Row("resume", "process", f"{checks} checks", "leak loop", outcome, "", len(left), files, None, None,
+               problem)
+
+
+def render(rows: list[Row], command: str) -> str:
+    widths = [max(len(h), *(len(r.cells()[i]) for r in rows)) for i, h in enumerate(HEADER)]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    bad = [r for r in rows if r.problem]
+    lines = [
+        "# Reliability: the fault matrix",
+        "",
+        f"Generated by `{command}`; {len(rows)} rows, {len(bad)} with a problem.",
+        "",
+        "Each row injects one fault (test/fault_recipes.py) into one phase of one check and records the",
+        "outcome, the error kind, how many processes were left running (recorded PIDs and any process",
+        "carrying a trainparity job marker, 2 s after the check returned), how many temporary files were",
+        "left, how long after its timeout a timed-out check returned, and any raw exception that escaped.",
+        "",
+        line(HEADER),
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        *(line(r.cells()) for r in rows),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the bounded subset CI runs")
+    parser.add_argument("--write", metavar="PATH", help="save the table as Markdown")
+    options = parser.parse_args()
+    command = "python tools/faults.py" + (" --quick" if options.quick else "") + (
+        f" --write {options.write}" if options.write else "")
+    rows: list[Row] = []
+    # The children's output (huge output, the recipes' tracebacks) is not the matrix's.
+    saved_stderr = os.dup(2)
+    log = open(SCRATCH / "children.log", "wb")  # noqa: SIM115
+    os.dup2(log.fileno(), 2)
+    try:
+        for row in [*matrix(options.quick), *interrupts(10 if options.quick else 40),
+                    *(sigterm(isolation) for isolation in (("process",) if options.quick else ("process", "spawn"))),
+                    leak_loop(30 if options.quick else 200)]:
+            rows.append(row)
+            os.write(saved_stderr, (" | ".join(row.cells()) + "\n").encode())
+    finally:
+        os.dup2(saved_stderr, 2)
+        log.close()
+    text = render(rows, command)
+    if options.write:
+        pathlib.Path(options.write).write_text(text)
+        print(f"wrote {options.write}")
+    else:
+        print(text)
+    subprocess.run(["rm", "-rf", str(SCRATCH)], check=False)
+    return 1 if any(row.problem for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
