@@ -18,6 +18,7 @@ whether a raw exception escaped. Exits 1 if any row breaks a promise.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import pathlib
 import resource
@@ -244,7 +245,7 @@ def sigterm(isolation: str) -> Row:
     left = still_running(recipes.recorded_pids(pids), grace=3.0) + marked_processes()
     files = leftover_files()
     clear_leftovers()
-    problem = "; ".join(p for p, bad in (("did not end by SIGTERM", code != -signal.SIGTERM), ("left running", left),
+    problem = "; ".join(p for p, bad in (("did not exit with 143 (SIGTERM)", code != 128 + signal.SIGTERM), ("left running", left),
                                          ("files left", files)) if bad) or None
     return Row("resume", isolation, "parent", "SIGTERM", f"exit {code}", "", len(left), files, None, None, problem)
 
@@ -313,9 +314,10 @@ def main() -> int:
     log = open(SCRATCH / "children.log", "wb")  # noqa: SIM115
     os.dup2(log.fileno(), 2)
     try:
-        for row in [*matrix(options.quick), *interrupts(10 if options.quick else 40),
-                    *(sigterm(isolation) for isolation in (("process",) if options.quick else ("process", "spawn"))),
-                    leak_loop(30 if options.quick else 200)]:
+        isolations = ("process",) if options.quick else ("process", "spawn")
+        for row in itertools.chain(matrix(options.quick), interrupts(10 if options.quick else 40),
+                                   (sigterm(isolation) for isolation in isolations),
+                                   (leak_loop(checks) for checks in ((30,) if options.quick else (200,)))):
             rows.append(row)
             os.write(saved_stderr, (" | ".join(row.cells()) + "\n").encode())
     finally:

@@ -15,9 +15,11 @@ from typing import Any, TypeAlias
 
 import torch
 
+from trainparity._digest import Digest, digest
 from trainparity._result import JsonValue, json_safe
 
-Leaf: TypeAlias = torch.Tensor | bool | int | float | str | None
+#: a snapshot's value at one path; a large tensor may be known by its `Digest` only
+Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None
 Snapshot: TypeAlias = dict[str, Leaf]
 
 
@@ -228,8 +230,31 @@ def _float_bits(value: float) -> bytes:
     return struct.pack("<d", value)
 
 
+#: what a mismatch between digests says until the values are fetched
+DIGESTS_DIFFER = "Their digests differ (the values of a large tensor are fetched only where the report shows them)."
+
+
+def _compare_digests(expected: Digest | torch.Tensor, actual: Digest | torch.Tensor) -> Mismatch | None:
+    e = expected if isinstance(expected, Digest) else digest(expected)
+    a = actual if isinstance(actual, Digest) else digest(actual)
+    for attribute in ("shape", "dtype"):
+        if getattr(e, attribute) != getattr(a, attribute):
+            return Mismatch("", f"The values for attribute '{attribute}' do not match: "
+                                f"{getattr(e, attribute)} != {getattr(a, attribute)}.")
+    if e.hash == a.hash:
+        return None
+    return Mismatch("", f"Tensor-likes are not equal!\n\n{DIGESTS_DIFFER}")
+
+
 def compare_leaves(expected: Leaf, actual: Leaf, comparison: Comparison) -> Mismatch | None:
-    """Compare two snapshot leaves of any supported type."""
+    """Compare two snapshot leaves of any supported type.
+
+    A digest decides equality; where digests differ the values are needed to say how (and,
+    under a tolerance, whether it is allowed): the mismatch says so until they are fetched.
+    """
+    if isinstance(expected, Digest) or isinstance(actual, Digest):
+        if isinstance(expected, (Digest, torch.Tensor)) and isinstance(actual, (Digest, torch.Tensor)):
+            return _compare_digests(expected, actual)
     if isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor):
         return compare_tensors(expected, actual, comparison)
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (expected, actual))
@@ -271,11 +296,13 @@ def compare_leaves(expected: Leaf, actual: Leaf, comparison: Comparison) -> Mism
 def _type_name(value: Leaf) -> str:
     if isinstance(value, torch.Tensor):
         return f"Tensor[{str(value.dtype).removeprefix('torch.')}]"
+    if isinstance(value, Digest):
+        return f"Tensor[{value.dtype}]"
     return type(value).__name__
 
 
 def _summary(value: Leaf) -> JsonValue:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, Digest)):
         return f"{_type_name(value)} of shape {list(value.shape)}"
     return json_safe(value)
 

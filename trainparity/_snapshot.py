@@ -6,27 +6,42 @@ by a child with `torch.save` and read by the parent with `torch.load(weights_onl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
 from trainparity._compare import Leaf, Snapshot
+from trainparity._digest import DIGEST_ABOVE_BYTES, digest, digestible
 from trainparity._state import State, capture_rng, entry_components, parameter_names
 
 
-def flatten(path: str, value: Any, out: Snapshot) -> None:
-    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied."""
+@dataclasses.dataclass(frozen=True)
+class Digesting:
+    """Which tensors a snapshot keeps as digests: those of more than `above` bytes, but the `full` paths."""
+
+    above: int = DIGEST_ABOVE_BYTES
+    full: frozenset[str] = frozenset()
+
+    def applies(self, path: str, value: torch.Tensor) -> bool:
+        return value.nbytes > self.above and path not in self.full and digestible(value)
+
+
+def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None) -> None:
+    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            flatten(f"{path}.{key}", item, out)
+            flatten(f"{path}.{key}", item, out, digesting)
     elif isinstance(value, (list, tuple)):
         if all(isinstance(v, (bool, int, float)) for v in value) and value:
             out[path] = torch.tensor(value, dtype=torch.float64 if any(isinstance(v, float) for v in value)
                                      else torch.int64)
         else:
             for index, item in enumerate(value):
-                flatten(f"{path}.{index}", item, out)
+                flatten(f"{path}.{index}", item, out, digesting)
+    elif isinstance(value, torch.Tensor) and digesting is not None and digesting.applies(path, value):
+        out[path] = digest(value)
     else:
         out[path] = to_leaf(value)
 
@@ -51,11 +66,11 @@ def snapshot_rng() -> Snapshot:
     return {f"rng.{stream}": state for stream, state in capture_rng().items()}
 
 
-def snapshot_state(state: State) -> Snapshot:
-    """Every State entry flattened by path."""
+def snapshot_state(state: State, digesting: Digesting | None = None) -> Snapshot:
+    """Every State entry flattened by path; large tensors as digests where `digesting` says so."""
     names = parameter_names(state)
     out: Snapshot = {}
     for name in state:
         for path, value in entry_components(name, state[name], names):
-            flatten(path, value, out)
+            flatten(path, value, out, digesting)
     return out

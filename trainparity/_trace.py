@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
+from trainparity._digest import Digest, is_wire_digest
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
-from trainparity._snapshot import snapshot_rng, snapshot_state
+from trainparity._snapshot import Digesting, snapshot_rng, snapshot_state
 from trainparity._state import State, seed_everything, unobserved_entries
 
 
@@ -32,7 +33,8 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: dataclasses.asdict would deep-copy every tensor.
-        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        return {"step": self.step, "rng": snapshot_to_wire(self.rng), "sample_ids": self.sample_ids,
+                "loss": self.loss, "state": snapshot_to_wire(self.state)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
@@ -52,9 +54,13 @@ def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     return value
 
 
+def snapshot_to_wire(snapshot: Snapshot) -> dict[str, Any]:
+    return {path: leaf.to_wire() if isinstance(leaf, Digest) else leaf for path, leaf in snapshot.items()}
+
+
 def _snapshot(value: Any) -> Snapshot:
-    snapshot: Snapshot = dict(_typed(value, dict, "snapshot"))
-    return snapshot
+    return {path: Digest.from_wire(leaf) if is_wire_digest(leaf) else leaf
+            for path, leaf in _typed(value, dict, "snapshot").items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +71,11 @@ class Boundary:
     rng: Snapshot
 
     @classmethod
-    def capture(cls, state: State) -> Boundary:
-        return cls(snapshot_state(state), snapshot_rng())
+    def capture(cls, state: State, digesting: Digesting | None) -> Boundary:
+        return cls(snapshot_state(state, digesting), snapshot_rng())
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"state": snapshot_to_wire(self.state), "rng": snapshot_to_wire(self.rng)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +91,8 @@ class RunTrace:
     def to_wire(self) -> dict[str, Any]:
         return {
             "steps": [record.to_dict() for record in self.steps],
-            "loaded": None if self.loaded is None else dataclasses.asdict(self.loaded),
-            "saved": None if self.saved is None else dataclasses.asdict(self.saved),
+            "loaded": None if self.loaded is None else self.loaded.to_wire(),
+            "saved": None if self.saved is None else self.saved.to_wire(),
             "unobserved": self.unobserved,
         }
 
@@ -127,7 +136,8 @@ def next_batch(batches: Iterator[Any], recipe: Recipe, at: str) -> Any:
         raise RuntimeError(f"{type(recipe).__name__}.batches() ran out of batches at {at}") from None
 
 
-def record_steps(recipe: Recipe, state: State, first: int, last: int) -> Iterator[StepRecord]:
+def record_steps(recipe: Recipe, state: State, first: int, last: int,
+                 digesting: Callable[[int], Digesting | None] = lambda step: None) -> Iterator[StepRecord]:
     """Train steps `first..last` (1-based, inclusive), yielding a record after each."""
     batches = iter(recipe.batches(state))
     name = type(recipe).__name__
@@ -136,7 +146,7 @@ def record_steps(recipe: Recipe, state: State, first: int, last: int) -> Iterato
         rng = snapshot_rng()
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
-        yield StepRecord(step, rng, ids, loss, snapshot_state(state))
+        yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +161,16 @@ class TrainPayload:
     checkpoint: str
     load: bool = False
     save: bool = False
+    #: large tensors are shipped as digests (None: every value whole, as a tolerance needs them)
+    digests: bool = False
+    #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
+    whole: tuple[tuple[int, frozenset[str]], ...] = ()
+
+    def digesting(self, step: int) -> Digesting | None:
+        """How the snapshot after `step` (0: at the load and the save) is taken."""
+        if not self.digests:
+            return None
+        return Digesting(full=dict(self.whole).get(step, frozenset()))
 
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
@@ -160,14 +180,14 @@ def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
     loaded = None
     if payload.load:
         state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
-        loaded = Boundary.capture(state)
+        loaded = Boundary.capture(state, payload.digesting(0))
     else:
         state = require_state(recipe.setup(), recipe, "setup")
-    steps = list(record_steps(recipe, state, payload.first, payload.last))
+    steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting))
     saved = None
     if payload.save:
         recipe.save(state, pathlib.Path(payload.checkpoint))
-        saved = Boundary.capture(state)
+        saved = Boundary.capture(state, payload.digesting(0))
     return RunTrace(steps, loaded, saved, unobserved_entries(state)).to_wire()
 
 
