@@ -170,7 +170,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(batch, length, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(width, dim=2))
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
         weights = self.attn_dropout(scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1))
-        return self.proj((weights @ v).transpose(1, 2).reshape(batch, length, width))
+        out: torch.Tensor = self.proj((weights @ v).transpose(1, 2).reshape(batch, length, width))
+        return out
 
 
 class Block(nn.Module):
@@ -185,7 +186,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         x = x + self.dropout(self.attention(self.norm1(x), allowed))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class CharTransformer(nn.Module):
@@ -206,7 +208,8 @@ class CharTransformer(nn.Module):
         x = self.dropout(self.embed(tokens) + self.position(torch.arange(length)))
         for block in self.blocks:
             x = block(x, allowed)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits
 
 
 class WarmupCosine:
@@ -222,27 +225,39 @@ class WarmupCosine:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class CharLM(tp.Recipe):
+class CharLMState(tp.State):
+    """The run's State, its entries annotated for type checkers."""
+
+    model: CharTransformer
+    optimizer: torch.optim.AdamW
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    data: CharStream
+    global_step: int  # optimizer steps taken
+    micro_step: int  # step() calls made
+
+
+class CharLM(tp.Recipe[CharLMState]):
     def __init__(self, accumulation_steps: int = 1, fault: str | None = None, max_grad_norm: float = 0.5) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
         self.accumulation_steps, self.fault, self.max_grad_norm = accumulation_steps, fault, max_grad_norm
 
-    def setup(self) -> tp.State:
+    def setup(self) -> CharLMState:
         model = CharTransformer()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
-        return tp.State(
+        return CharLMState(
             model=model,
             optimizer=optimizer,
             scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine()),
             # a small growth interval, so that the scale moves within a short test
             scaler=torch.amp.GradScaler("cpu", init_scale=2.0**12, growth_interval=2),
             data=CharStream(fault=self.fault),
-            global_step=0,  # optimizer steps taken
-            micro_step=0,  # step() calls made
+            global_step=0,
+            micro_step=0,
         )
 
-    def batches(self, state: tp.State) -> Iterator[dict[str, torch.Tensor]]:
+    def batches(self, state: CharLMState) -> Iterator[dict[str, torch.Tensor]]:
         if self.fault != "cursor_counts_prefetched":
             return iter(state.data)
         return _prefetch_one(iter(state.data))
@@ -250,7 +265,7 @@ class CharLM(tp.Recipe):
     def sample_ids(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return batch["ids"]
 
-    def step(self, state: tp.State, batch: dict[str, torch.Tensor]) -> tp.LossAccounting | torch.Tensor:
+    def step(self, state: CharLMState, batch: dict[str, torch.Tensor]) -> tp.LossAccounting | torch.Tensor:
         k = self.accumulation_steps
         if self.fault == "small_batch_guard" and len(batch["ids"]) < 4:
             # Bug: a guard written against a ragged last batch also swallows every micro-batch.
@@ -269,7 +284,7 @@ class CharLM(tp.Recipe):
             loss = token_loss_sum / window_tokens / k
         else:
             loss = token_loss_sum / window_tokens
-        state.scaler.scale(loss).backward()
+        state.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
         if self.fault == "premature_step":  # counted from 0 before incrementing: steps at a window's first call
             boundary = state.micro_step % k == 0
         elif self.fault == "extra_step":  # the counter is never reset and compared with >=
@@ -291,7 +306,7 @@ class CharLM(tp.Recipe):
             state.global_step += 1
         return tp.LossAccounting(loss.detach(), numerator=token_loss_sum.detach(), denominator=tokens)
 
-    def save(self, state: tp.State, path: pathlib.Path) -> None:
+    def save(self, state: CharLMState, path: pathlib.Path) -> None:
         checkpoint = {
             "model": state.model.state_dict(),
             "optimizer": state.optimizer.state_dict(),
@@ -308,7 +323,7 @@ class CharLM(tp.Recipe):
             del checkpoint[lost[self.fault]]
         torch.save(checkpoint, path)
 
-    def load(self, path: pathlib.Path) -> tp.State:
+    def load(self, path: pathlib.Path) -> CharLMState:
         state = self.setup()
         checkpoint = torch.load(path, weights_only=True)
         state.model.load_state_dict(checkpoint["model"])

@@ -131,7 +131,7 @@ class ShapesClassifier(tp.Recipe):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
         return tp.State(
             model=model,
-            ema=AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9)),
+            ema=AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9)),  # type: ignore[no-untyped-call]
             optimizer=optimizer,
             scheduler=torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, factor=0.5, patience=0),
             epoch=0,
@@ -170,7 +170,7 @@ class ShapesClassifier(tp.Recipe):
         _, images, labels = batch
         state.model.train()
         loss = F.cross_entropy(state.model(images), labels)
-        (loss / self.accumulation_steps).backward()
+        (loss / self.accumulation_steps).backward()  # type: ignore[no-untyped-call]
         state.running_loss += loss.item() * len(labels)
         state.running_samples += len(labels)
         if self.fault == "clip_per_microbatch":  # clipped on each micro-batch's partial sum
@@ -215,7 +215,7 @@ class ShapesClassifier(tp.Recipe):
         state.model.load_state_dict(checkpoint["model"])
         if self.fault == "ema_rebuilt_on_resume":
             # Bug: the EMA is rebuilt from the loaded weights instead of loading its own state.
-            state.ema = AveragedModel(state.model, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+            state.ema = AveragedModel(state.model, multi_avg_fn=get_ema_multi_avg_fn(0.9))  # type: ignore[no-untyped-call]
         else:
             state.ema.load_state_dict(checkpoint["ema"])
         # Keys are optional so that checkpoints of older versions still load: an omission is silent.

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset, DistributedSampler
 import trainparity as tp
 
 try:
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader import StatefulDataLoader  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:  # the optional extra is not installed
     StatefulDataLoader = None
     TORCHDATA_MISSING: str | None = (
@@ -112,7 +112,7 @@ class RowRegression(tp.Recipe):
         for group in state.optimizer.param_groups:
             group["lr"] = learning_rate(state.iteration)
         loss = F.mse_loss(state.model(features), targets)
-        (loss if self.fault == "loss_not_scaled" else loss / self.accumulation_steps).backward()
+        (loss if self.fault == "loss_not_scaled" else loss / self.accumulation_steps).backward()  # type: ignore[no-untyped-call]
         state.micro_step += 1
         if state.micro_step % self.accumulation_steps == 0:
             state.optimizer.step()
@@ -156,7 +156,8 @@ def resumed_epoch(world: int = 2, stop_after: int = 1, fault: str | None = None)
     records = []
     for rank in range(world):
         recorder = tp.CoverageRecorder(rank, sample_ids=lambda batch: batch[0])
-        sampler = DistributedSampler(Rows(), num_replicas=world, rank=rank, shuffle=True, seed=0)
+        sampler: DistributedSampler[int] = DistributedSampler(Rows(), num_replicas=world, rank=rank, shuffle=True,
+                                                              seed=0)
         sampler.set_epoch(0)
         loader = make_loader(sampler)
         batches = iter(loader)

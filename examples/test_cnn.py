@@ -11,24 +11,24 @@ import trainparity as tp
 
 
 class TestShapesClassifier(tp.TestCase):
-    def test_resume_mid_epoch_reproduces_uninterrupted_training(self):
+    def test_resume_mid_epoch_reproduces_uninterrupted_training(self) -> None:
         # 7 batches per epoch: saving after step 3 resumes mid-epoch, and step 8 starts the next epoch.
         self.assertResumeEquivalent(ShapesClassifier, steps=8, resume_at=3, timeout=120)
 
-    def test_accumulating_four_micro_batches_matches_one_full_batch(self):
+    def test_accumulating_four_micro_batches_matches_one_full_batch(self) -> None:
         self.assertAccumulationEquivalent(ShapesClassifier, microbatches=4)
 
-    def test_two_ranks_see_every_sample_once_per_epoch_in_a_new_order(self):
+    def test_two_ranks_see_every_sample_once_per_epoch_in_a_new_order(self) -> None:
         epochs = [rank_loaders(epoch, world=2) for epoch in range(2)]
         self.assertCoverage(epochs, policy=[tp.ExactlyOnce(range(TRAIN)), tp.DistinctEpochOrder()],
                             sample_ids=sample_ids)
 
-    def test_four_ranks_pad_the_epoch_with_two_repeated_samples(self):
+    def test_four_ranks_pad_the_epoch_with_two_repeated_samples(self) -> None:
         # 50 samples over 4 ranks: DistributedSampler repeats 2 samples so that every rank gets 13.
         self.assertCoverage(rank_loaders(world=4), policy=tp.ExpectedPadding(range(TRAIN), padding=2),
                             sample_ids=sample_ids)
 
-    def test_streaming_workers_share_the_rank_shard(self):
+    def test_streaming_workers_share_the_rank_shard(self) -> None:
         self.assertCoverage(rank_loaders(world=2, streaming=True), policy=tp.ExactlyOnce(range(TRAIN)),
                             sample_ids=sample_ids)
 

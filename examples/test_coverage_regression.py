@@ -65,7 +65,7 @@ class TestLogStreamCoverage(tp.TestCase):
         result = tp.check_coverage(loaders(shard_workers=False), policy=tp.ExactlyOnce(range(RECORDS)),
                                    sample_ids=record_ids)
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.same_rank_duplicate (epoch 0, rank 0, sample 0)
 config: epochs=[0], policy=['ExactlyOnce(range(0, 12))'], ranks=[0, 1]
 
 First violation: coverage.same_rank_duplicate (epoch 0, rank 0, worker 1, position 2, sample 0, kind: same_rank_duplicate)

@@ -23,7 +23,7 @@ def report(recipe: Any, **kwargs: Any) -> str:
 class AccumulationReports(tp.TestCase):
     def test_loss_not_scaled(self) -> None:
         self.assertExpectedInline(report(recipes.NotScaled), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (loss_not_scaled, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:NotScaled', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: loss_not_scaled)
@@ -59,7 +59,7 @@ Notes:
 
     def test_loss_not_scaled_uneven_sizes(self) -> None:
         self.assertExpectedInline(report(recipes.NotScaled, microbatches=(3, 3, 2)), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (loss_not_scaled, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=[3, 3, 2], precision='float64', recipe='test_accumulation_recipes:NotScaled', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: loss_not_scaled)
@@ -95,7 +95,7 @@ Notes:
 
     def test_loss_scaled_twice(self) -> None:
         self.assertExpectedInline(report(recipes.ScaledTwice), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (loss_scaled_twice, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:ScaledTwice', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: loss_scaled_twice)
@@ -131,7 +131,7 @@ Notes:
 
     def test_grads_not_reset(self) -> None:
         self.assertExpectedInline(report(recipes.NoZeroGrad), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (grads_not_reset, step 2)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:NoZeroGrad', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 2, kind: gradient_mismatch, cause: grads_not_reset)
@@ -166,7 +166,7 @@ Notes:
 
     def test_premature_step(self) -> None:
         self.assertExpectedInline(report(recipes.Premature), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at optimizer_steps (premature_step, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:Premature', seed=0, split='split_batch'
 
 First violation: optimizer_steps (step 1, position 0, kind: step_count_mismatch, cause: premature_step)
@@ -193,7 +193,7 @@ Notes:
 
     def test_missing_step(self) -> None:
         self.assertExpectedInline(report(recipes.SamplesPerStep), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at optimizer_steps (missing_step, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:SamplesPerStep', seed=0, split='split_batch'
 
 First violation: optimizer_steps (step 1, position 3, kind: step_count_mismatch, cause: missing_step)
@@ -220,7 +220,7 @@ Notes:
 
     def test_extra_step(self) -> None:
         self.assertExpectedInline(report(recipes.StepsEveryMicrobatch), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at optimizer_steps (extra_step, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:StepsEveryMicrobatch', seed=0, split='split_batch'
 
 First violation: optimizer_steps (step 1, position 0, kind: step_count_mismatch, cause: extra_step)
@@ -247,7 +247,7 @@ Notes:
 
     def test_scheduler_per_microbatch(self) -> None:
         self.assertExpectedInline(report(recipes.SchedulerPerMicrobatch), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at optimizer.param_groups.0.lr (scheduler_per_microbatch, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:SchedulerPerMicrobatch', seed=0, split='split_batch'
 
 First violation: optimizer.param_groups.0.lr (step 1, kind: learning_rate_mismatch, cause: scheduler_per_microbatch)
@@ -281,7 +281,7 @@ Notes:
 
     def test_clip_per_microbatch(self) -> None:
         self.assertExpectedInline(report(recipes.ClipPerMicrobatch), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (clip_per_microbatch, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:ClipPerMicrobatch', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: clip_per_microbatch)
@@ -317,7 +317,7 @@ Notes:
 
     def test_mean_of_means_declared(self) -> None:
         self.assertExpectedInline(report(recipes.MeanOfMeans), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at loss_accounting (mean_of_means, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:MeanOfMeans', seed=0, split='split_batch'
 
 First violation: loss_accounting (step 1, kind: loss_accounting_mismatch, cause: mean_of_means)
@@ -345,7 +345,7 @@ Notes:
 
     def test_mean_of_means_from_gradients(self) -> None:
         self.assertExpectedInline(report(recipes.MeanOfMeansBareLoss), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.weight (mean_of_means, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:MeanOfMeansBareLoss', seed=0, split='split_batch'
 
 First violation: gradients.weight (step 1, kind: gradient_mismatch, cause: mean_of_means)
@@ -374,7 +374,7 @@ Notes:
 
     def test_unscale_before_clip_missing(self) -> None:
         self.assertExpectedInline(report(recipes.ClipBeforeUnscale), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (unscale_before_clip_missing, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:ClipBeforeUnscale', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: clip_on_scaled_gradients, cause: unscale_before_clip_missing)
@@ -388,7 +388,7 @@ Notes:
 
     def test_no_known_cause(self) -> None:
         self.assertExpectedInline(report(recipes.ZeroGradEveryCall), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (gradient_mismatch, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:ZeroGradEveryCall', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch)
@@ -425,7 +425,7 @@ Notes:
     def test_float32_rounding_under_exact_comparison(self) -> None:
         # Float32Rounding rounds the same way on every CPU by construction (see its docstring).
         self.assertExpectedInline(report(recipes.Float32Rounding, comparison=None, cycles=1, precision="native"), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.weight (gradient_mismatch, step 1)
 config: batch_dependent='fail', comparison='exact', cycles=1, disable_dropout=True, isolation='inprocess', microbatches=4, precision='native', recipe='test_accumulation_recipes:Float32Rounding', seed=0, split='split_batch'
 
 First violation: gradients.weight (step 1, kind: gradient_mismatch)
@@ -447,7 +447,7 @@ Notes:
 
     def test_batch_dependent_layer(self) -> None:
         self.assertExpectedInline(report(recipes.WithBatchNorm, cycles=1), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (batch_dependent_layer, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=1, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:WithBatchNorm', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: gradient_mismatch, cause: batch_dependent_layer)
@@ -482,7 +482,7 @@ Notes:
 
     def test_scaled_gradients_stepped(self) -> None:
         self.assertExpectedInline(report(recipes.ScalerStepBypassed, cycles=1), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at gradients.0.weight (scaled_gradients_stepped, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=1, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:ScalerStepBypassed', seed=0, split='split_batch'
 
 First violation: gradients.0.weight (step 1, kind: step_on_scaled_gradients, cause: scaled_gradients_stepped)
@@ -495,7 +495,7 @@ Notes:
 
     def test_lr_schedule_per_microbatch(self) -> None:
         self.assertExpectedInline(report(recipes.LrFromCounter(per_microbatch=True)), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at optimizer.param_groups.0.lr (lr_schedule_per_microbatch, step 2)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=2, disable_dropout=True, isolation='inprocess', microbatches=4, precision='float64', recipe='test_accumulation_recipes:LrFromCounter(per_microbatch=True)', seed=0, split='split_batch'
 
 First violation: optimizer.param_groups.0.lr (step 2, kind: learning_rate_mismatch, cause: lr_schedule_per_microbatch)
@@ -525,7 +525,7 @@ Notes:
 
     def test_mean_of_means_declared_denominators(self) -> None:
         self.assertExpectedInline(report(recipes.MeanOfMeansDeclared, microbatches=(3, 3, 2), cycles=1), """\
-trainparity accumulation check: FAIL
+trainparity accumulation check: FAIL at loss_accounting (mean_of_means, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=1, disable_dropout=True, isolation='inprocess', microbatches=[3, 3, 2], precision='float64', recipe='test_accumulation_recipes:MeanOfMeansDeclared', seed=0, split='split_batch'
 
 First violation: loss_accounting (step 1, kind: loss_accounting_mismatch, cause: mean_of_means)

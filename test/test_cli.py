@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
+import platform
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from trainparity._cli import main
+import trainparity as tp
+from trainparity._cli import build_parser, main
 
 HERE = pathlib.Path(__file__).parent
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, cwd: pathlib.Path = HERE) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "trainparity", *args], cwd=HERE, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "trainparity", *args], cwd=cwd, capture_output=True, text=True, timeout=300
     )
 
 
@@ -25,7 +29,7 @@ def test_exit_status_and_json_from_a_real_process(tmp_path: pathlib.Path) -> Non
     done = run_cli("resume", "resume_recipes:ForgetsScheduler", "--steps", "4", "--resume-at", "2",
                    "--json", str(target))
     assert done.returncode == 1, done.stderr
-    assert done.stdout.startswith("trainparity resume check: FAIL\n")
+    assert done.stdout.startswith("trainparity resume check: FAIL at scheduler.last_epoch (not_restored, step ")
     assert json.loads(target.read_text())["first_violation"]["path"] == "scheduler.last_epoch"
 
 
@@ -74,11 +78,141 @@ def test_argument_errors_exit_4() -> None:
     assert caught.value.code == 4
 
 
-def test_unwritable_json_path_is_a_usage_error(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    target = tmp_path / "missing" / "result.json"
-    argv = ["resume", "resume_recipes:ResumeRecipe", "--steps", "3", "--isolation", "inprocess", "--json", str(target)]
+@pytest.mark.parametrize("target", ["missing/result.json", "."])
+def test_unusable_json_path_is_refused_before_the_check_runs(
+    target: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / target
+    # The recipe raises: had the check run, the exit status would be 3 and the report printed.
+    argv = ["resume", "resume_recipes:Raises", "--steps", "3", "--isolation", "inprocess", "--json", str(path)]
     assert main(argv) == 4
     out, err = capsys.readouterr()
-    assert out.startswith("trainparity resume check: PASS\n")
-    assert err == (f"python -m trainparity resume: error: cannot write --json {target}: No such file or directory; "
+    assert out == ""
+    why = "No such file or directory" if target != "." else "Is a directory"
+    assert err == (f"python -m trainparity resume: error: cannot write --json {path}: {why}; "
                    "pass a path in an existing, writable directory\n")
+
+
+def test_version() -> None:
+    done = run_cli("--version")
+    assert done.returncode == 0, done.stderr
+    versions = f"torch {torch.__version__}, Python {platform.python_version()}"
+    assert done.stdout == f"trainparity {tp.__version__} ({versions})\n"
+
+
+def test_help_lists_exit_codes_and_explains_every_option() -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == {"resume", "accumulation", "data-parallel", "coverage"}
+    for name, command in [("python -m trainparity", parser), *commands.choices.items()]:
+        text = command.format_help()
+        for status, outcome in [(0, "PASS"), (1, "FAIL"), (2, "ABSTAIN"), (3, "ERROR"), (4, "usage error")]:
+            assert f"  {status}  {outcome}" in text, (name, text)
+        undocumented = [a.dest for a in command._actions
+                        if not a.help and not isinstance(a, argparse._SubParsersAction)]
+        assert undocumented == [], name
+
+
+def test_spec_with_constructor_arguments_is_the_form_reports_print(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = "resume_recipes:ResumeRecipe(fault='ema', use_python_random=False)"
+    assert main(["resume", spec, "--steps", "3", "--isolation", "inprocess"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("trainparity resume check: FAIL at ema (not_restored, step 1)\n")
+    assert f"recipe={spec!r}" in out  # the report's form of the recipe is a spec the command line takes
+
+
+def test_file_path_spec_is_rebuilt_in_fresh_processes_from_another_directory(tmp_path: pathlib.Path) -> None:
+    done = run_cli("resume", f"{HERE / 'resume_recipes.py'}:ResumeRecipe(fault='counter')", "--steps", "3",
+                   "--resume-at", "1", "--isolation", "spawn", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("trainparity resume check: FAIL at global_step (not_restored, step 1)\n")
+    assert "recipe=\"resume_recipes:ResumeRecipe(fault='counter')\"" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("resume_recipes:ResumeRecipe(fault=print('x'))", "argument print('x') in "),
+        ("resume_recipes:ResumeRecipe(**kwargs)", "*args and **kwargs are not literals"),
+        ("resume_recipes:ResumeRecipe(colour='red')", "could not be built: "),
+        ("resume_recipes:ResumeRecipe(fault='no such fault')", "unknown fault 'no such fault'"),
+        ("missing/recipes.py:Recipe", "no such file 'missing/recipes.py'"),
+    ],
+)
+def test_bad_constructor_arguments_and_paths_are_usage_errors(
+    spec: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["resume", spec]) == 4
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    ("source", "exc_type", "line"),
+    [("value = (\n", "SyntaxError", "value = ("), ("raise RuntimeError('no config file')\n", "RuntimeError",
+                                                    "raise RuntimeError('no config file')")],
+)
+def test_a_recipe_module_that_cannot_be_imported_is_an_error(
+    source: str, exc_type: str, line: str, tmp_path: pathlib.Path
+) -> None:
+    (tmp_path / "broken_recipes.py").write_text("import trainparity as tp\n" + source)
+    for spec in ("broken_recipes:Recipe", "broken_recipes.py:Recipe"):
+        done = run_cli("accumulation", spec, cwd=tmp_path)
+        assert done.returncode == 3, done.stderr
+        assert done.stderr == ""
+        assert done.stdout.startswith(f"trainparity accumulation check: ERROR\nconfig: recipe='{spec}'\n"
+                                      f"reason: import: the recipe raised {exc_type}: ")
+        traceback = done.stdout.split("Traceback from the recipe:\n", 1)[1]
+        assert 'File "broken_recipes.py", line 2' in traceback and line in traceback
+        assert "importlib" not in traceback and "trainparity" not in traceback, traceback
+
+
+@pytest.mark.parametrize(
+    ("function", "status", "headline"),
+    [
+        ("coverage_sources:two_ranks", 0, "trainparity coverage check: PASS"),
+        ("coverage_sources:two_ranks(overlap=True)", 1,
+         "trainparity coverage check: FAIL at coverage.cross_rank_duplicate (epoch 0, rank 1, sample 0)"),
+        ("coverage_sources:records", 0, "trainparity coverage check: PASS"),
+        ("coverage_sources:raises", 3, "trainparity coverage check: ERROR"),
+    ],
+)
+def test_coverage_command(function: str, status: int, headline: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["coverage", function]) == status
+    out = capsys.readouterr().out
+    assert out.startswith(headline + "\n"), out
+    if status == 3:
+        assert "reason: raises(): the recipe raised RuntimeError: the shards could not be listed" in out
+
+
+def test_coverage_command_writes_json_and_bounds_violations(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "coverage.json"
+    done = run_cli("coverage", "coverage_sources:two_ranks(overlap=True)", "--max-violations", "1", "--json",
+                   str(target))
+    assert done.returncode == 1, done.stderr
+    document = json.loads(target.read_text())
+    assert (document["check"], len(document["violations"])) == ("coverage", 1)
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        ("coverage_sources:returns_a_list", "must return (ranks, policy) or (ranks, policy, sample_ids), got list"),
+        ("coverage_sources:NOT_A_FUNCTION", "'coverage_sources:NOT_A_FUNCTION' is not a function (got int)"),
+        ("coverage_sources:no_such_function", "module 'coverage_sources' has no attribute 'no_such_function'"),
+        ("coverage_sources", "a spec looks like 'package.module:function'"),
+    ],
+)
+def test_coverage_command_usage_errors(function: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["coverage", function]) == 4
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "result.json"
+    done = run_cli("data-parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
+                   "--timeout", "120", "--json", str(target))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("trainparity data_parallel check: FAIL at gradients.")
+    assert json.loads(target.read_text())["first_violation"]["cause"] == "grads_not_synchronized"

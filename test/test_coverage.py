@@ -81,7 +81,7 @@ class TestReports(tp.TestCase):
         self.assertEqual(result.counts, {"same_rank_duplicate": 4})
         self.assertEqual({v.worker for v in result.violations}, {1})
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.same_rank_duplicate (epoch 0, rank 0, sample 0)
 config: epochs=[0], policy=['ExactlyOnce(range(0, 4))'], ranks=[0]
 
 First violation: coverage.same_rank_duplicate (epoch 0, rank 0, worker 1, position 2, sample 0, kind: same_rank_duplicate)
@@ -99,7 +99,7 @@ All violations (4):
         result = tp.check_coverage(loaders, policy=tp.ExactlyOnce(range(8)), sample_ids=lambda b: b)
         self.assertEqual(result.counts, {"cross_rank_duplicate": 4, "missing_id": 4})
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.cross_rank_duplicate (epoch 0, rank 1, sample 0)
 config: epochs=[0], policy=['ExactlyOnce(range(0, 8))'], ranks=[0, 1]
 
 First violation: coverage.cross_rank_duplicate (epoch 0, rank 1, position 0, sample 0, kind: cross_rank_duplicate)
@@ -123,7 +123,7 @@ Notes:
         result = tp.check_coverage(loaders, policy=tp.ExactlyOnce(range(7)))
         self.assertEqual(observed(result), [("missing_id", 0, None, None, 6, None)])
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.missing_id (epoch 0, sample 6)
 config: epochs=[0], policy=['ExactlyOnce(range(0, 7))'], ranks=[0, 1, 2]
 
 First violation: coverage.missing_id (epoch 0, sample 6, kind: missing_id)
@@ -133,7 +133,7 @@ First violation: coverage.missing_id (epoch 0, sample 6, kind: missing_id)
         result = tp.check_coverage({0: [[0, 1]], 1: [[2, 10]]}, policy=tp.AtLeastOnce(range(3)))
         self.assertEqual(observed(result), [("unexpected_id", 0, 1, 1, 10, None)])
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.unexpected_id (epoch 0, rank 1, sample 10)
 config: epochs=[0], policy=['AtLeastOnce(range(0, 3))'], ranks=[0, 1]
 
 First violation: coverage.unexpected_id (epoch 0, rank 1, position 1, sample 10, kind: unexpected_id)
@@ -145,7 +145,7 @@ First violation: coverage.unexpected_id (epoch 0, rank 1, position 1, sample 10,
         result = tp.check_coverage(loaders, policy=tp.ExpectedPadding(range(5), padding=1))
         self.assertEqual([(v.kind, v.expected, v.actual) for v in result.violations], [("padding_count", 1, 3)])
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.padding_count (epoch 0)
 config: epochs=[0], policy=['ExpectedPadding(range(0, 5), padding=1)'], ranks=[0, 1, 2, 3]
 
 First violation: coverage.padding_count (epoch 0, kind: padding_count)
@@ -160,7 +160,7 @@ First violation: coverage.padding_count (epoch 0, kind: padding_count)
         self.assertEqual(observed(result), [("repeated_epoch_order", 1, 0, None, None, None),
                                             ("repeated_epoch_order", 1, 1, None, None, None)])
         self.assertExpectedInline(result.report(), """\
-trainparity coverage check: FAIL
+trainparity coverage check: FAIL at coverage.repeated_epoch_order (epoch 1, rank 0)
 config: epochs=[0, 1], policy=['ExactlyOnce(range(0, 6))', 'DistinctEpochOrder()'], ranks=[0, 1]
 
 First violation: coverage.repeated_epoch_order (epoch 1, rank 0, kind: repeated_epoch_order)
@@ -587,8 +587,10 @@ class TestAssertCoverage(tp.TestCase):
         with self.assertRaises(AssertionError) as caught:
             self.assertCoverage({0: [0], 1: [0]}, policy=tp.ExactlyOnce(range(1)))
         self.assertIn("First violation: coverage.cross_rank_duplicate", str(caught.exception))
-        with self.assertRaisesRegex(AssertionError, "^my message$"):
+        with self.assertRaises(AssertionError) as caught:  # unittest's longMessage: msg= follows the report
             self.assertCoverage({0: [0], 1: [0]}, policy=tp.ExactlyOnce(range(1)), msg="my message")
+        self.assertTrue(str(caught.exception).startswith("trainparity coverage check: FAIL at coverage."))
+        self.assertTrue(str(caught.exception).endswith("\n\nmy message"))
 
     def test_abstain_fails_or_skips(self) -> None:
         with self.assertRaisesRegex(AssertionError, "ABSTAIN"):

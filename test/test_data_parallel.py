@@ -137,7 +137,7 @@ class ReportSnapshot(tp.TestCase):
     def test_first_violation_report(self) -> None:
         result = check("rank_drops_samples", steps=1)
         self.assertExpectedInline(result.report(), """\
-trainparity data_parallel check: FAIL
+trainparity data_parallel check: FAIL at data.sample_ids (rank_shard_missing, step 1, sample 6)
 config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', isolation='process', precision='float64', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
 
 First violation: data.sample_ids (step 1, sample 6, kind: missing_id, cause: rank_shard_missing)

@@ -21,7 +21,7 @@ def report(fault: str, **kwargs: object) -> str:
 class ResumeReportTest(tp.TestCase):
     def test_model(self) -> None:
         self.assertExpectedInline(report("model"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at model.body.weight (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='model')", resume_at=3, seed=0, steps=6
 
 First violation: model.body.weight (step 3, kind: state_mismatch, cause: not_restored)
@@ -49,7 +49,7 @@ All violations (46):
 
     def test_optimizer(self) -> None:
         self.assertExpectedInline(report("optimizer"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at optimizer.state.body.weight.step (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer')", resume_at=3, seed=0, steps=6
 
 First violation: optimizer.state.body.weight.step (step 3, kind: state_mismatch, cause: not_restored)
@@ -73,7 +73,7 @@ All violations (65):
 
     def test_scheduler(self) -> None:
         self.assertExpectedInline(report("scheduler"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at scheduler.last_epoch (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scheduler')", resume_at=3, seed=0, steps=6
 
 First violation: scheduler.last_epoch (step 3, kind: state_mismatch, cause: not_restored)
@@ -101,7 +101,7 @@ All violations (31):
 
     def test_scaler(self) -> None:
         self.assertExpectedInline(report("scaler"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at scaler.scale (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scaler')", resume_at=3, seed=0, steps=6
 
 First violation: scaler.scale (step 3, kind: state_mismatch, cause: not_restored)
@@ -126,7 +126,7 @@ All violations (8):
 
     def test_rng_torch(self) -> None:
         self.assertExpectedInline(report("rng.torch"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at rng.torch (not_restored, step 4)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.torch')", resume_at=3, seed=0, steps=6
 
 First violation: rng.torch (step 4, kind: rng_mismatch, cause: not_restored)
@@ -148,7 +148,7 @@ All violations (43):
 
     def test_rng_numpy(self) -> None:
         self.assertExpectedInline(report("rng.numpy"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at rng.numpy (not_restored, step 4)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.numpy')", resume_at=3, seed=0, steps=6
 
 First violation: rng.numpy (step 4, kind: rng_mismatch, cause: not_restored)
@@ -170,7 +170,7 @@ All violations (43):
 
     def test_rng_python(self) -> None:
         self.assertExpectedInline(report("rng.python"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at rng.python (not_restored, step 4)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.python')", resume_at=3, seed=0, steps=6
 
 First violation: rng.python (step 4, kind: rng_mismatch, cause: not_restored)
@@ -192,7 +192,7 @@ All violations (43):
 
     def test_counter(self) -> None:
         self.assertExpectedInline(report("counter"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at global_step (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='counter')", resume_at=3, seed=0, steps=6
 
 First violation: global_step (step 3, kind: state_mismatch, cause: not_restored)
@@ -220,7 +220,7 @@ All violations (52):
 
     def test_ema(self) -> None:
         self.assertExpectedInline(report("ema"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at ema (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='ema')", resume_at=3, seed=0, steps=6
 
 First violation: ema (step 3, kind: state_mismatch, cause: not_restored)
@@ -241,7 +241,7 @@ All violations (4):
 
     def test_attribute(self) -> None:
         self.assertExpectedInline(report("attribute"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at model.temperature (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='attribute')", resume_at=3, seed=0, steps=6
 
 First violation: model.temperature (step 3, kind: state_mismatch, cause: not_restored)
@@ -269,7 +269,7 @@ All violations (43):
 
     def test_optimizer2(self) -> None:
         self.assertExpectedInline(report("optimizer2"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at optimizer2.state.head.weight.step (not_restored, step 3)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer2')", resume_at=3, seed=0, steps=6
 
 First violation: optimizer2.state.head.weight.step (step 3, kind: state_mismatch, cause: not_restored)
@@ -293,7 +293,7 @@ All violations (42):
 
     def test_data_replay(self) -> None:
         self.assertExpectedInline(report("data_replay"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at data.sample_ids (data_replayed, step 4, sample 0)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_replay')", resume_at=3, seed=0, steps=6
 
 First violation: data.sample_ids (step 4, position 0, sample 0, kind: data_mismatch, cause: data_replayed)
@@ -317,7 +317,7 @@ All violations (45):
 
     def test_data_skip(self) -> None:
         self.assertExpectedInline(report("data_skip"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at data.sample_ids (data_skipped, step 4, sample 16)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_skip')", resume_at=3, seed=0, steps=6
 
 First violation: data.sample_ids (step 4, position 0, sample 16, kind: data_mismatch, cause: data_skipped)
@@ -341,7 +341,7 @@ All violations (45):
 
     def test_rng_consumed(self) -> None:
         self.assertExpectedInline(report("rng_consumed"), """\
-trainparity resume check: FAIL
+trainparity resume check: FAIL at rng.torch (rng_mismatch, step 4)
 config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng_consumed')", resume_at=3, seed=0, steps=6
 
 First violation: rng.torch (step 4, kind: rng_mismatch)

@@ -3,7 +3,16 @@
 A thin public namespace over private modules; importing it starts no process.
 """
 
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
 from trainparity._accumulation import check_accumulation
+from trainparity._assertions import (
+    RecipeError,
+    assert_accumulation_equivalent,
+    assert_coverage,
+    assert_data_parallel_equivalent,
+    assert_resume_equivalent,
+)
 from trainparity._compare import ExactComparison, ToleranceComparison
 from trainparity._coverage import (
     AtLeastOnce,
@@ -31,7 +40,7 @@ from trainparity._result import (
 from trainparity._resume import check_resume
 from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
-from trainparity._testing import RecipeError, TestCase, TrainParityMixin
+from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
 
 __all__ = [
@@ -59,6 +68,10 @@ __all__ = [
     "Violation",
     "WorkerBatch",
     "__version__",
+    "assert_accumulation_equivalent",
+    "assert_coverage",
+    "assert_data_parallel_equivalent",
+    "assert_resume_equivalent",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
@@ -69,6 +82,9 @@ __all__ = [
     "strategies",
     "tag_workers",
 ]
+
+if _TYPE_CHECKING:  # type checkers see the module; at run time it is imported on first use
+    from trainparity import strategies
 
 
 def __getattr__(name: str) -> object:

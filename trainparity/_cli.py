@@ -1,21 +1,52 @@
-"""`python -m trainparity`: run a check on a recipe named `package.module:ClassName`.
+"""`python -m trainparity`: run a check from a shell and exit with its outcome.
 
-Exit status: 0 PASS, 1 FAIL, 2 ABSTAIN, 3 ERROR, 4 usage error or bad spec (one line on
-stderr, no traceback).
+Recipes and coverage functions are named by specs: `package.module:Name`,
+`path/to/file.py:Name`, either with literal arguments, `module:Name(k=1, name="x")` (the
+form reports print), parsed without evaluating anything but literals.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import pathlib
+import platform
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from trainparity._result import Outcome, Result
+from trainparity._compare import ToleranceComparison
+from trainparity._recipe import Spec, SpecError, load_spec, parse_spec
+from trainparity._result import (
+    AccumulationResult,
+    ChildError,
+    CoverageResult,
+    DataParallelResult,
+    Outcome,
+    Result,
+    ResumeResult,
+)
+from trainparity._version import __version__
 
 EXIT_CODES = {Outcome.PASS: 0, Outcome.FAIL: 1, Outcome.ABSTAIN: 2, Outcome.ERROR: 3}
 USAGE_ERROR = 4
+EXIT_STATUS_HELP = """\
+exit status:
+  0  PASS
+  1  FAIL: a divergence was found (the report names the first)
+  2  ABSTAIN: the evidence is missing or ambiguous (e.g. the baseline is not reproducible)
+  3  ERROR: the user's code raised (importing the recipe included), hung past --timeout, or its process died
+  4  usage error, or a spec or --json path that cannot be used (one line on stderr, no traceback)
+"""
+RECIPE_HELP = ("the recipe: package.module:ClassName or path/to/file.py:ClassName, optionally with literal "
+               "constructor arguments, e.g. 'module:Regression(forget_scheduler=True)'")
+TIMEOUT_HELP = "seconds after which a run is killed and the check ends in ERROR (default: 120)"
+JSON_HELP = "also write the result as JSON to FILE (checked to be writable before the check runs)"
+
+
+class UsageError(Exception):
+    """A command line that cannot run: exit status 4 with one line on stderr."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -23,9 +54,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def _tolerance(args: argparse.Namespace) -> object:
-    from trainparity._compare import ToleranceComparison
+def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[str, Any]) -> Result:
+    """The ERROR result for the user's code raising in this process (importing a module, calling a function)."""
+    from trainparity._child import error_record
 
+    return cls.errored(ChildError.raised(error_record(error), phase), config)
+
+
+def _load(text: str, shape: str, cls: type[Result], key: str = "recipe") -> tuple[Spec, Any] | Result:
+    """The spec and the object it names; an ERROR result (config `{key: text}`) when importing the module raised."""
+    spec = parse_spec(text, shape)
+    try:
+        return spec, load_spec(spec)
+    except SpecError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's module raised (a SyntaxError included)
+        return _errored(cls, "import", error, {key: text})
+
+
+def _tolerance(args: argparse.Namespace) -> ToleranceComparison | None:
     if args.rtol is None and args.atol is None:
         return None
     return ToleranceComparison(rtol=args.rtol or 0.0, atol=args.atol or 0.0)
@@ -34,15 +81,11 @@ def _tolerance(args: argparse.Namespace) -> object:
 def _run_resume(args: argparse.Namespace) -> Result:
     from trainparity._resume import check_resume
 
-    return check_resume(
-        args.recipe,
-        steps=args.steps,
-        resume_at=args.resume_at,
-        comparison=_tolerance(args),
-        seed=args.seed,
-        isolation=args.isolation,
-        timeout=args.timeout,
-    )
+    loaded = _load(args.recipe, "package.module:ClassName", ResumeResult)
+    if isinstance(loaded, Result):
+        return loaded
+    return check_resume(args.recipe, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
+                        seed=args.seed, isolation=args.isolation, timeout=args.timeout)
 
 
 def _microbatches(text: str) -> int | tuple[int, ...]:
@@ -59,70 +102,154 @@ def _microbatches(text: str) -> int | tuple[int, ...]:
 def _run_accumulation(args: argparse.Namespace) -> Result:
     from trainparity._accumulation import check_accumulation
 
-    return check_accumulation(
-        args.recipe,
-        microbatches=args.microbatches,
-        cycles=args.cycles,
-        comparison=_tolerance(args),
-        seed=args.seed,
-        precision=args.precision,
-        disable_dropout=not args.keep_dropout,
-        batch_dependent=args.batch_dependent,
-        isolation=args.isolation,
-        timeout=args.timeout,
-    )
+    loaded = _load(args.recipe, "package.module:ClassName", AccumulationResult)
+    if isinstance(loaded, Result):
+        return loaded
+    return check_accumulation(args.recipe, microbatches=args.microbatches, cycles=args.cycles,
+                              comparison=_tolerance(args), seed=args.seed, precision=args.precision,
+                              disable_dropout=not args.keep_dropout, batch_dependent=args.batch_dependent,
+                              isolation=args.isolation, timeout=args.timeout)
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", help="the recipe, as package.module:ClassName")
-    parser.add_argument("--json", type=pathlib.Path, metavar="FILE", help="also write the result as JSON")
-    parser.add_argument("--rtol", type=float, help="declared relative tolerance (default: exact)")
-    parser.add_argument("--atol", type=float, help="declared absolute tolerance (default: exact)")
-    parser.add_argument("--seed", type=int, default=0)
+def _run_data_parallel(args: argparse.Namespace) -> Result:
+    from trainparity._data_parallel import check_data_parallel
+
+    loaded = _load(args.recipe, "package.module:ClassName", DataParallelResult)
+    if isinstance(loaded, Result):
+        return loaded
+    return check_data_parallel(args.recipe, world_size=args.world_size, backend=args.backend, steps=args.steps,
+                               comparison=_tolerance(args), seed=args.seed, precision=args.precision,
+                               timeout=args.timeout, isolation=args.isolation)
+
+
+def _run_coverage(args: argparse.Namespace) -> Result:
+    from trainparity._coverage import check_coverage
+
+    loaded = _load(args.function, "package.module:function", CoverageResult, "function")
+    if isinstance(loaded, Result):
+        return loaded
+    spec, function = loaded
+    if not callable(function):
+        raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
+    try:
+        returned = function(*spec.args, **spec.kwargs)
+    except Exception as error:  # noqa: BLE001 - the user's function raised
+        return _errored(CoverageResult, f"{spec.qualname}()", error, {"function": spec.text})
+    if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
+        raise UsageError(f"{spec.text} must return (ranks, policy) or (ranks, policy, sample_ids), "
+                         f"got {type(returned).__name__}")
+    ranks, policy, *sample_ids = returned
+    return check_coverage(ranks, policy=policy, sample_ids=sample_ids[0] if sample_ids else None,
+                          max_violations=args.max_violations)
+
+
+def _require_writable(path: pathlib.Path) -> None:
+    """Refuse a --json path that cannot be written before the check runs, not after."""
+    directory = path.parent
+    if path.is_dir():
+        why = os.strerror(errno.EISDIR)
+    elif not directory.is_dir():
+        why = os.strerror(errno.ENOENT)
+    elif not os.access(directory, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        why = os.strerror(errno.EACCES)
+    else:
+        return
+    raise UsageError(f"cannot write --json {path}: {why}; pass a path in an existing, writable directory")
+
+
+def _command(commands: Any, name: str, summary: str, run: Callable[[argparse.Namespace], Result]) -> _Parser:
+    parser: _Parser = commands.add_parser(name, help=summary, description=summary, epilog=EXIT_STATUS_HELP,
+                                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], default_isolation: str) -> None:
+    add = parser.add_argument
+    add("recipe", help=RECIPE_HELP)
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+    add("--rtol", type=float, metavar="R",
+        help="declared relative tolerance (default: exact, or float64 mode's fixed tolerance where that applies)")
+    add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
+    add("--seed", type=int, default=0, help="the seed of torch, numpy and random before setup() (default: 0)")
+    add("--isolation", choices=isolations, default=None,
+        help="where each run executes: a child of the warmed fork server (process), a fresh interpreter "
+             f"(spawn) or this process (inprocess) (default: {default_isolation})")
+    add("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
+
+
+def _precision_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", choices=("float64", "native"), default=None,
+                        help="run in float64 and judge with its fixed tolerance (default), or in the recipe's "
+                             "own dtypes")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m trainparity", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    resume = commands.add_parser("resume", help="resume equivalence across real process restarts")
-    _common(resume)
-    resume.add_argument("--steps", type=int, default=6)
-    resume.add_argument("--resume-at", type=int, default=None)
-    resume.add_argument("--isolation", choices=("process", "spawn", "inprocess"), default="process")
-    resume.add_argument("--timeout", type=float, default=120.0)
-    resume.set_defaults(run=_run_resume)
-    accumulation = commands.add_parser("accumulation", help="k micro-batches of accumulation vs one full-batch step")
-    _common(accumulation)
-    accumulation.add_argument("--microbatches", type=_microbatches, default=4, metavar="K|N,N,...",
-                              help="number of equal micro-batches, or their sizes (default: 4)")
-    accumulation.add_argument("--cycles", type=int, default=2, help="full batches compared (default: 2)")
-    accumulation.add_argument("--keep-dropout", action="store_true", help="leave dropout modules active")
-    accumulation.add_argument("--precision", choices=("float64", "native"), default="float64",
-                              help="run both in float64 and judge with its fixed tolerance (default), or in the "
-                              "recipe's own dtypes")
-    accumulation.add_argument("--batch-dependent", choices=("fail", "eval"), default="fail",
-                              help="BatchNorm-like layers in training mode: FAIL on the divergence they cause "
-                              "(default), or run them in eval mode to judge the loop alone")
-    accumulation.add_argument("--isolation", choices=("inprocess", "process", "spawn"), default="inprocess")
-    accumulation.add_argument("--timeout", type=float, default=120.0)
-    accumulation.set_defaults(run=_run_accumulation)
+    import torch
+
+    parser = _Parser(prog="python -m trainparity", description=__doc__.split("\n\n")[0], epilog=EXIT_STATUS_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    version = f"trainparity {__version__} (torch {torch.__version__}, Python {platform.python_version()})"
+    parser.add_argument("--version", action="version", version=version)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    resume = _command(commands, "resume", "resume equivalence: save, exit, load in a fresh process and continue "
+                      "like uninterrupted training", _run_resume)
+    _recipe_options(resume, ("process", "spawn", "inprocess"), "process")
+    resume.add_argument("--steps", type=int, default=6, help="steps of training compared (default: 6)")
+    resume.add_argument("--resume-at", type=int, default=None, metavar="K",
+                        help="the step after which the run saves, exits and resumes (default: steps // 2)")
+
+    accumulation = _command(commands, "accumulation", "accumulation equivalence: k micro-batches of accumulation "
+                            "against one full-batch step", _run_accumulation)
+    _recipe_options(accumulation, ("inprocess", "process", "spawn"), "inprocess")
+    add = accumulation.add_argument
+    add("--microbatches", type=_microbatches, default=4, metavar="K|N,N,...",
+        help="number of equal micro-batches, or their sizes (default: 4)")
+    add("--cycles", type=int, default=2, help="full batches compared (default: 2)")
+    add("--keep-dropout", action="store_true", help="leave dropout active (default: disabled in both runs)")
+    _precision_option(accumulation)
+    add("--batch-dependent", choices=("fail", "eval"), default="fail",
+        help="BatchNorm-like layers in training mode: FAIL on the divergence they cause (default), or run them "
+             "in eval mode to judge the loop alone")
+
+    parallel = _command(commands, "data-parallel", "data-parallel equivalence: real torch.distributed ranks "
+                        "against the same recipe in a world of size 1", _run_data_parallel)
+    _recipe_options(parallel, ("process", "spawn"), "process; spawn for nccl")
+    add = parallel.add_argument
+    add("--world-size", type=int, default=2, help="number of ranks (default: 2)")
+    add("--backend", default="gloo", help="torch.distributed backend: gloo (CPU) or nccl (default: gloo)")
+    add("--steps", type=int, default=3, help="steps of training compared (default: 3)")
+    _precision_option(parallel)
+
+    coverage = _command(commands, "coverage", "sample coverage: audit the sample IDs ranks read against a policy",
+                        _run_coverage)
+    add = coverage.add_argument
+    add("function", help="package.module:function or path/to/file.py:function, optionally with literal arguments, "
+                         "returning (ranks, policy) or (ranks, policy, sample_ids): the arguments of tp.check_coverage")
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+    add("--max-violations", type=int, default=None, metavar="N",
+        help="list at most N violations (default: 1,000,000; the notes count them all)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prog = f"python -m trainparity {args.command}"
     run: Callable[[argparse.Namespace], Result] = args.run
     try:
+        if args.json is not None:
+            _require_writable(args.json)
         result = run(args)
-    except (TypeError, ValueError) as error:
-        print(f"python -m trainparity {args.command}: error: {error}", file=sys.stderr)
+    except (UsageError, TypeError, ValueError) as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     print(result.report())
     if args.json is not None:
         try:
             args.json.write_text(result.to_json() + "\n")
         except OSError as error:  # not exit status 1 with a traceback: 1 means FAIL
-            print(f"python -m trainparity {args.command}: error: cannot write --json {args.json}: "
-                  f"{error.strerror or error}; pass a path in an existing, writable directory", file=sys.stderr)
+            print(f"{prog}: error: cannot write --json {args.json}: {error.strerror or error}; pass a path in an "
+                  "existing, writable directory", file=sys.stderr)
             return USAGE_ERROR
     return EXIT_CODES[result.outcome]

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainparity import _session
 from trainparity._compare import (
     Comparison,
     ExactComparison,
@@ -41,7 +42,7 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._coverage import ExactlyOnce, check_coverage
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs
 from trainparity._observe import Observer
 from trainparity._precision import (
     cast_batch,
@@ -50,9 +51,8 @@ from trainparity._precision import (
     dtype_error_hint,
     effective_comparison,
     running_in,
-    validate_precision,
 )
-from trainparity._recipe import Recipe, RecipeRef, resolve_recipe
+from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import to_leaf
@@ -228,17 +228,18 @@ def _validate(world_size: object, backend: object, steps: object, seed: object) 
     return world_size, backend, steps, seed
 
 
+@_session.recorded
 def check_data_parallel(
-    recipe: object,
+    recipe: RecipeSpec,
     *,
     world_size: int = 2,
     backend: str = "gloo",
     steps: int = 3,
-    comparison: object = None,
+    comparison: Comparison | None = None,
     seed: int = 0,
-    precision: str = "float64",
-    timeout: float = 120.0,
-    isolation: str | None = None,
+    precision: _session.Precision | None = None,
+    timeout: float | None = None,
+    isolation: _session.Isolation | None = None,
 ) -> DataParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
 
@@ -250,16 +251,18 @@ def check_data_parallel(
     by default "process", and "spawn" for nccl: a child forked from the fork server may be unable
     to initialize CUDA. `precision="float64"` (default) runs every process in float64 and, without
     a declared comparison, judges with the fixed float64 tolerance; `"native"` keeps the recipe's
-    dtypes (exact unless a comparison is declared).
+    dtypes (exact unless a comparison is declared). `timeout` defaults to 120 s. `precision`,
+    `timeout` and `isolation` left at None take the session's defaults (`--trainparity-*` under
+    pytest; an isolation the check cannot use, "inprocess" or, for nccl, "process", is passed over).
     """
     ref = resolve_recipe(recipe)
     world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
     declared = None if comparison is None else resolve_comparison(comparison)
-    precision = validate_precision(precision)
-    timeout = validate_timeout(timeout)
-    if isolation is None:
-        isolation = "spawn" if backend == "nccl" else "process"
-    if validate_isolation(isolation) == "inprocess":
+    precision = _session.precision(precision)
+    timeout = _session.timeout(timeout)
+    own: _session.Isolation = "spawn" if backend == "nccl" else "process"
+    isolation = _session.isolation(isolation, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
+    if isolation == "inprocess":
         raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
     config: dict[str, Any] = {
         "recipe": ref.name,

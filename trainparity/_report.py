@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from trainparity._compare import format_number
-from trainparity._result import JsonValue, Violation, json_safe
+from trainparity._result import JsonValue, Outcome, Violation, json_safe
 from trainparity._version import __version__
 
 if TYPE_CHECKING:
@@ -71,12 +71,32 @@ def violation_location(v: Violation) -> str:
     return f"{v.path} ({', '.join(where)})"
 
 
+def brief_location(v: Violation) -> str:
+    """`scheduler.last_epoch (not_restored, step 3)`: the path, the cause (or the kind the path does not
+    already name) and where in the run, for a headline."""
+    where = [v.cause] if v.cause is not None else [] if v.path.endswith(v.kind) else [v.kind]
+    for name in ("epoch", "step", "rank"):
+        value = getattr(v, name)
+        if value is not None:
+            where.append(f"{name} {value}")
+    if v.sample_id is not None:
+        where.append(f"sample {v.sample_id!r}")
+    return f"{v.path} ({', '.join(where)})" if where else v.path
+
+
+def headline(result: Result) -> str:
+    """The report's first line; a FAIL names its first violation, which pytest's short summary then shows."""
+    first = result.first_violation
+    where = f" at {brief_location(first)}" if result.outcome is Outcome.FAIL and first is not None else ""
+    return f"trainparity {result.check} check: {result.outcome.value}{where}"
+
+
 def _config_line(config: dict[str, JsonValue]) -> str:
     return ", ".join(f"{key}={format_value(config[key])}" for key in sorted(config))
 
 
 def render_text(result: Result) -> str:
-    lines = [f"trainparity {result.check} check: {result.outcome.value}"]
+    lines = [headline(result)]
     if result.config:
         lines.append(f"config: {_config_line(result.config)}")
     if result.reason is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import Counter
-from typing import Any, ClassVar, Self, TypeAlias
+from typing import Any, ClassVar, NoReturn, Self, TypeAlias
 
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -145,6 +145,26 @@ class Result:
 
     def __str__(self) -> str:
         return self.report()
+
+    def __repr__(self) -> str:
+        """One line: `<ResumeResult FAIL at scheduler.last_epoch (not_restored, step 3), 66 violations>`."""
+        from trainparity._report import brief_location
+
+        name, first = type(self).__name__, self.first_violation
+        if self.outcome is Outcome.FAIL:
+            where = f" at {brief_location(first)}" if first is not None else ""
+            count = len(self.violations)
+            return f"<{name} FAIL{where}, {count} violation{'' if count == 1 else 's'}>"
+        reason = f": {self.reason.splitlines()[0]}" if self.reason else ""
+        return f"<{name} {self.outcome.value}{reason}>"
+
+    def __bool__(self) -> NoReturn:
+        # `assert result` would pass on a FAIL: a result has no truth value.
+        raise TypeError(
+            f"a trainparity {type(self).__name__} has no truth value (it is {self.outcome.value}): test "
+            "`result.passed`, or assert with tp.assert_resume_equivalent, tp.assert_accumulation_equivalent, "
+            "tp.assert_coverage or tp.assert_data_parallel_equivalent, which raise with the report"
+        )
 
 
 class ResumeResult(Result):

@@ -15,9 +15,10 @@ import shutil
 import tempfile
 from typing import Any
 
+from trainparity import _session
 from trainparity._compare import EXACT, Comparison, Mismatch, compare_snapshots, resolve_comparison
-from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
-from trainparity._recipe import resolve_recipe
+from trainparity._engine import Job, first_error, run_jobs
+from trainparity._recipe import RecipeSpec, resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
 from trainparity._state import validate_seed
 from trainparity._trace import RunTrace, StepRecord, TrainPayload, diff_steps
@@ -35,27 +36,30 @@ def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
     return steps, resume_at
 
 
+@_session.recorded
 def check_resume(
-    recipe: object,
+    recipe: RecipeSpec,
     *,
     steps: int = 6,
     resume_at: int | None = None,
-    comparison: object = None,
+    comparison: Comparison | None = None,
     seed: int = 0,
-    isolation: str = "process",
-    timeout: float = 120.0,
+    isolation: _session.Isolation | None = None,
+    timeout: float | None = None,
 ) -> ResumeResult:
     """Check that saving at `resume_at`, exiting, loading in a fresh process and continuing
     reproduces `steps` steps of uninterrupted training. Never raises for a FAIL.
 
     `resume_at` defaults to `steps // 2`. `isolation` is "process" (a child of the warmed
-    fork server), "spawn" (a new interpreter) or "inprocess" (no isolation, for debugging).
+    fork server; the default), "spawn" (a new interpreter) or "inprocess" (no isolation, for
+    debugging). `timeout` bounds each run (default 120 s). Left at None, both take the session's
+    defaults (`--trainparity-isolation`, `--trainparity-timeout` under pytest).
     """
     ref = resolve_recipe(recipe)
     steps, resume_at = _validate_steps(steps, resume_at)
     declared = resolve_comparison(comparison)
-    isolation = validate_isolation(isolation)
-    timeout = validate_timeout(timeout)
+    isolation = _session.isolation(isolation, "process")
+    timeout = _session.timeout(timeout)
     seed = validate_seed(seed)
     config: dict[str, Any] = {
         "recipe": ref.name,

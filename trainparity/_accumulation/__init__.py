@@ -18,20 +18,20 @@ import dataclasses
 import inspect
 import sys
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
+from trainparity import _session
 from trainparity._accumulation._judge import judge_accumulation
 from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
-from trainparity._compare import resolve_comparison
-from trainparity._engine import Job, first_error, run_jobs, validate_isolation, validate_timeout
+from trainparity._compare import Comparison, resolve_comparison
+from trainparity._engine import Job, first_error, run_jobs
 from trainparity._precision import (
     describe_comparison,
     dtype_error_hint,
     effective_comparison,
-    validate_precision,
 )
-from trainparity._recipe import Recipe, RecipeRef, import_attribute, resolve_recipe
+from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, import_attribute, resolve_recipe
 from trainparity._result import AccumulationResult, JsonValue, json_safe
 from trainparity._split import validate_microbatches
 from trainparity._state import validate_seed
@@ -87,19 +87,20 @@ def _validate(cycles: object, seed: object, split: object, isolation: str, disab
     return cycles
 
 
+@_session.recorded
 def check_accumulation(
-    recipe: object,
+    recipe: RecipeSpec,
     *,
     microbatches: int | Sequence[int] = 4,
     cycles: int = 2,
-    comparison: object = None,
+    comparison: Comparison | None = None,
     seed: int = 0,
     split: SplitFunction | None = None,
-    precision: str = "float64",
+    precision: _session.Precision | None = None,
     disable_dropout: bool = True,
-    batch_dependent: str = "fail",
-    isolation: str = "inprocess",
-    timeout: float = 120.0,
+    batch_dependent: Literal["fail", "eval"] = "fail",
+    isolation: _session.Isolation | None = None,
+    timeout: float | None = None,
 ) -> AccumulationResult:
     """Check that the recipe's accumulation over micro-batches matches one full-batch step.
 
@@ -111,16 +112,17 @@ def check_accumulation(
     unless `disable_dropout=False`. A BatchNorm-like layer in training mode really makes
     micro-batches differ: the divergence FAILs with `batch_dependent_layer`, unless
     `batch_dependent="eval"` runs those layers in eval mode. `isolation` is "inprocess"
-    (default), "process" or "spawn"; `timeout` bounds each run in a child process. Never
-    raises for a FAIL; misuse raises TypeError/ValueError.
+    (default), "process" or "spawn"; `timeout` bounds each run in a child process (default
+    120 s). `precision`, `isolation` and `timeout` left at None take the session's defaults
+    (`--trainparity-*` under pytest). Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
     ref = resolve_recipe(recipe)
     declared_microbatches = validate_microbatches(microbatches)
     k = declared_microbatches if isinstance(declared_microbatches, int) else len(declared_microbatches)
     declared = None if comparison is None else resolve_comparison(comparison)
-    precision = validate_precision(precision)
-    isolation = validate_isolation(isolation)
-    timeout = validate_timeout(timeout)
+    precision = _session.precision(precision)
+    isolation = _session.isolation(isolation, "inprocess")
+    timeout = _session.timeout(timeout)
     cycles = _validate(cycles, seed, split, isolation, disable_dropout, batch_dependent)
     _require_accumulation_parameter(recipe, ref)
     config: dict[str, JsonValue] = {

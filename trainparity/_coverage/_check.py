@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
+from trainparity import _session
 from trainparity._coverage._audit import (
     CROSS_RANK,
     KINDS,
@@ -48,13 +49,18 @@ from trainparity._sample_ids import IdArray
 
 #: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
 DEFAULT_MAX_VIOLATIONS = 1_000_000
+#: what `check_coverage` audits: one window `{rank: batches}`, one per epoch, `(epoch, {rank: batches})`
+#: windows, or a recorder
+RankBatches: TypeAlias = (Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]]
+                           | Iterable[tuple[int, Mapping[int, Iterable[Any]]]] | CoverageRecorder)
+Policies: TypeAlias = CoveragePolicy | list[CoveragePolicy] | tuple[CoveragePolicy, ...]
 
 
+@_session.recorded
 def check_coverage(
-    ranks: (Mapping[int, Iterable[Any]] | Iterable[Mapping[int, Iterable[Any]]]
-            | Iterable[tuple[int, Mapping[int, Iterable[Any]]]] | CoverageRecorder),
+    ranks: RankBatches,
     *,
-    policy: CoveragePolicy | list[CoveragePolicy] | tuple[CoveragePolicy, ...],
+    policy: Policies,
     sample_ids: Callable[[Any], Any] | None = None,
     max_violations: int | None = None,
 ) -> CoverageResult:

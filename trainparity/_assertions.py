@@ -1,0 +1,217 @@
+"""Assertion functions for pytest and plain scripts; the unittest mixin is a thin layer over them.
+
+Each `assert_*` takes its check's arguments plus `msg=` and `abstain=`. It returns the
+result on PASS; raises AssertionError carrying the report on FAIL, and on ABSTAIN unless
+`abstain="skip"` (then `unittest.SkipTest`, which unittest and pytest both report as a skip);
+re-raises the recipe's error on ERROR. `msg` follows the host's convention: appended to the
+report (unittest: unless the TestCase's `longMessage` is False, which makes it replace the
+report, as in unittest's own assertions); a callable receives the report and returns the message.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextvars
+import dataclasses
+import functools
+import unittest
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NoReturn, TypeAlias, TypeVar
+
+from trainparity._accumulation import check_accumulation
+from trainparity._accumulation._run import SplitFunction
+from trainparity._compare import Comparison
+from trainparity._coverage import check_coverage
+from trainparity._coverage._check import Policies, RankBatches
+from trainparity._data_parallel import check_data_parallel
+from trainparity._recipe import RecipeSpec
+from trainparity._result import (
+    AccumulationResult,
+    ChildError,
+    CoverageResult,
+    DataParallelResult,
+    Outcome,
+    Result,
+    ResumeResult,
+)
+from trainparity._resume import check_resume
+from trainparity._session import Isolation, Precision
+
+# Failures point at the user's line, not ours: unittest skips frames of modules that set this,
+# pytest frames that set `__tracebackhide__`.
+__unittest = True
+
+R = TypeVar("R", bound=Result)
+Message: TypeAlias = str | Callable[[str], str] | None
+Abstain: TypeAlias = Literal["fail", "skip"]
+ABSTAIN_MODES = ("fail", "skip")
+
+
+class RecipeError(Exception):
+    """The recipe failed in a child process: it raised, hung past the timeout, or its process died.
+
+    `error` holds the details (phase, exit code or signal, the child's traceback). When the
+    child raised a builtin exception, the raised error is also an instance of that type, so
+    `except ValueError` still catches a ValueError raised by the recipe.
+    """
+
+    def __init__(self, message: str, error: ChildError) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@functools.cache
+def _recipe_error_type(name: str) -> type[RecipeError]:
+    builtin = getattr(builtins, name, None)
+    if not (isinstance(builtin, type) and issubclass(builtin, Exception)) or issubclass(builtin, RecipeError):
+        return RecipeError
+    try:
+        return type(name, (RecipeError, builtin), {"__module__": "trainparity"})
+    except TypeError:  # builtins with their own instance layout (OSError...) cannot be mixed in
+        return RecipeError
+
+
+def raise_for_error(result: Result) -> NoReturn:
+    """Re-raise the user's error: the live exception in-process, or a RecipeError carrying the child's traceback."""
+    __tracebackhide__ = True
+    if result.exception is not None:
+        raise result.exception
+    assert result.error is not None
+    error = result.error
+    cls = _recipe_error_type(error.exc_type) if error.kind == "raised" and error.exc_type else RecipeError
+    raise cls(result.report(), error)
+
+
+def _skip(reason: str) -> None:
+    raise unittest.SkipTest(reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """How the framework running an assertion reports: the unittest mixin passes its TestCase's ways."""
+
+    failure: type[BaseException] = AssertionError
+    skip: Callable[[str], object] = _skip
+    #: unittest's `longMessage`: False makes a string `msg` replace the report
+    long_message: bool = True
+
+
+PLAIN = Host()
+#: the host of the assertion running now; None: a plain function's (pytest, scripts)
+HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("trainparity_host", default=None)
+
+
+def validate_options(msg: object, abstain: object) -> None:
+    if abstain not in ABSTAIN_MODES:
+        raise ValueError(f"abstain= must be 'fail' or 'skip', got {abstain!r}")
+    if not (msg is None or isinstance(msg, str) or callable(msg)):
+        raise TypeError(f"msg= must be a string or a callable taking the report, got {type(msg).__name__}")
+
+
+def _message(result: Result, msg: Message, host: Host) -> str:
+    report = result.report()
+    if msg is None:
+        return report
+    if callable(msg):
+        return msg(report)
+    return f"{report}\n\n{msg}" if host.long_message else msg
+
+
+def assert_passed(result: R, msg: Message = None, abstain: Abstain = "fail") -> R:
+    """The rule every assertion applies to its check's result."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    if not isinstance(result, Result):
+        raise TypeError(f"expected a trainparity result, got {type(result).__name__}")
+    if result.outcome is Outcome.PASS:
+        return result
+    if result.outcome is Outcome.ERROR:
+        raise_for_error(result)
+    host = HOST.get() or PLAIN
+    if result.outcome is Outcome.ABSTAIN and abstain == "skip":
+        host.skip(f"trainparity {result.check} check abstained: {result.reason}")
+        return result
+    raise host.failure(_message(result, msg, host))
+
+
+def assert_resume_equivalent(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 6,
+    resume_at: int | None = None,
+    comparison: Comparison | None = None,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> ResumeResult:
+    """`tp.check_resume(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
+    result = check_resume(recipe, steps=steps, resume_at=resume_at, comparison=comparison, seed=seed,
+                          isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg, abstain)
+
+
+def assert_accumulation_equivalent(
+    recipe: RecipeSpec,
+    *,
+    microbatches: int | Sequence[int] = 4,
+    cycles: int = 2,
+    comparison: Comparison | None = None,
+    seed: int = 0,
+    split: SplitFunction | None = None,
+    precision: Precision | None = None,
+    disable_dropout: bool = True,
+    batch_dependent: Literal["fail", "eval"] = "fail",
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> AccumulationResult:
+    """`tp.check_accumulation(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_accumulation(recipe, microbatches=microbatches, cycles=cycles, comparison=comparison, seed=seed,
+                                split=split, precision=precision, disable_dropout=disable_dropout,
+                                batch_dependent=batch_dependent, isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg, abstain)
+
+
+def assert_coverage(
+    ranks: RankBatches,
+    *,
+    policy: Policies,
+    sample_ids: Callable[[Any], Any] | None = None,
+    max_violations: int | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> CoverageResult:
+    """`tp.check_coverage(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, max_violations=max_violations)
+    return assert_passed(result, msg, abstain)
+
+
+def assert_data_parallel_equivalent(
+    recipe: RecipeSpec,
+    *,
+    world_size: int = 2,
+    backend: str = "gloo",
+    steps: int = 3,
+    comparison: Comparison | None = None,
+    seed: int = 0,
+    precision: Precision | None = None,
+    timeout: float | None = None,
+    isolation: Isolation | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> DataParallelResult:
+    """`tp.check_data_parallel(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_data_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
+                                 seed=seed, precision=precision, timeout=timeout, isolation=isolation)
+    return assert_passed(result, msg, abstain)
