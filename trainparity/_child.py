@@ -33,6 +33,8 @@ from trainparity._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
 ERROR_FILE = "error.bin"
+#: the environment variable telling a command job (`Job.command`) where to write its output files
+JOB_DIRECTORY = "TRAINPARITY_JOB_DIR"
 STACKS_FILE = "stacks.txt"
 #: exit status of a child whose task raised (its error file says what)
 RAISED_EXIT = 17

@@ -41,6 +41,7 @@ from typing import Any
 from trainparity import _wire as wire
 from trainparity._child import (
     ERROR_FILE,
+    JOB_DIRECTORY,
     RAISED_EXIT,
     RESULT_FILE,
     STACKS_FILE,
@@ -73,6 +74,11 @@ class Job:
     after: int | None = None
     #: turns the task's output into the check's typed record; what it raises makes the output "corrupt"
     decode: Callable[[dict[str, Any]], Any] | None = None
+    #: a program to run instead of the task (isolation "spawn" only), with these environment
+    #: variables added; it writes its output files to the directory `JOB_DIRECTORY` names
+    command: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
 
 
 @dataclasses.dataclass
@@ -228,6 +234,11 @@ class Spawner:
                 popen.stdin.close()
         except BrokenPipeError:
             pass  # the child died at start; its exit status says how
+
+    def start_command(self, job: str, command: Sequence[str], env: dict[str, str], cwd: str | None) -> None:
+        """Run a program of the user's (a training script) as the job, its stdin at end of file."""
+        self._children[job] = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True,
+                                               env={**os.environ, **env, JOB_MARKER: job}, cwd=cwd)
 
     def kill(self, job: str) -> None:
         if job in self._children:
@@ -464,7 +475,11 @@ class _Batch:
         request = Request(job.task, job.payload, str(workdir), list(sys.path), os.getcwd(), dict(os.environ), key,
                           deadline - min(1.0, job.timeout / 10))
         self.running[key] = _Running(index, key, workdir, deadline)
-        self.launcher.start(key, pickle.dumps(request))
+        if job.command is None:
+            self.launcher.start(key, pickle.dumps(request))
+        else:
+            assert isinstance(self.launcher, Spawner), "a command job runs with isolation='spawn'"
+            self.launcher.start_command(key, job.command, {**dict(job.env), JOB_DIRECTORY: str(workdir)}, job.cwd)
 
     def _ended(self, key: str, code: int, sig: int) -> None:
         if key in self.dying:

@@ -15,8 +15,19 @@ import shutil
 import tempfile
 from typing import Any
 
+import torch
+
 from trainparity import _session
-from trainparity._compare import EXACT, Comparison, Mismatch, compare_snapshots, resolve_comparison
+from trainparity._compare import (
+    EXACT,
+    Comparison,
+    ExactComparison,
+    Mismatch,
+    Snapshot,
+    compare_snapshots,
+    resolve_comparison,
+)
+from trainparity._digest import Digest, digest
 from trainparity._engine import Job, first_error, run_jobs
 from trainparity._recipe import RecipeSpec, resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
@@ -72,7 +83,8 @@ def check_resume(
     checkpoint_dir = tempfile.mkdtemp(prefix="trainparity-checkpoint-")
     try:
         checkpoint = f"{checkpoint_dir}/checkpoint"
-        run = TrainPayload(ref, seed, 1, steps, checkpoint)
+        # Exact comparisons are decided by digests; a tolerance needs the values themselves.
+        run = TrainPayload(ref, seed, 1, steps, checkpoint, digests=isinstance(declared, ExactComparison))
         decode = RunTrace.from_wire
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
@@ -90,10 +102,92 @@ def check_resume(
         failed = first_error(outcomes)
         if failed is not None and failed.error is not None:
             return ResumeResult.errored(failed.error, config, failed.exception)
+        interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
+        wanted = _values_wanted(result, baseline, resumed, resume_at)
+        if wanted is None:
+            return result
+        notes = _fetch_values(wanted, run, (baseline, interrupted, resumed), resume_at, isolation, timeout)
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
+        result.notes.extend(notes)
+        return result
     finally:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
-    return judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wanted:
+    """The large tensors whose values the report shows, known so far by their digests only."""
+
+    #: differing at the load (the save/load comparison)
+    boundary: frozenset[str]
+    #: the first step at which training diverged, and its differing tensors
+    step: int
+    at_step: frozenset[str]
+
+
+def _values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, resume_at: int) -> _Wanted | None:
+    """Which digested tensors the report needs the values of: the save/load mismatches and the first divergence."""
+    assert resumed.loaded is not None
+    boundary = frozenset(v.path for v in result.violations if v.step == resume_at and v.cause == "not_restored"
+                         and isinstance(resumed.loaded.state.get(v.path), Digest))
+    diverged = [v for v in result.violations if v.kind == "state_mismatch" and v.step is not None
+                and v.step > resume_at]
+    step = min((v.step for v in diverged if v.step is not None), default=resume_at)
+    at_step = frozenset(v.path for v in diverged if v.step == step
+                        and isinstance(baseline.steps[step - 1].state.get(v.path), Digest))
+    return _Wanted(boundary, step, at_step) if boundary or at_step else None
+
+
+def _fetch_values(wanted: _Wanted, run: TrainPayload, traces: tuple[RunTrace, RunTrace, RunTrace], resume_at: int,
+                  isolation: str, timeout: float) -> list[str]:
+    """Train again the runs the wanted values come from, keeping those tensors whole; put them in the traces.
+
+    The runs were reproducible (the baseline ran twice alike), so training them again gives the same
+    values: each fetched tensor replaces its digest only if it has that digest. Returns notes.
+    """
+    baseline, interrupted, resumed = traces
+    last = wanted.step if wanted.at_step else resume_at
+    whole = ((0, wanted.boundary), (wanted.step, wanted.at_step))
+    jobs = [Job(TASK, dataclasses.replace(run, last=last, whole=whole), "baseline (values)", timeout,
+                decode=RunTrace.from_wire),
+            Job(TASK, dataclasses.replace(run, last=resume_at, save=True, checkpoint=run.checkpoint + ".values",
+                                          whole=whole), "interrupted (values)", timeout, decode=RunTrace.from_wire),
+            Job(TASK, dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole),
+                "resumed (values)", timeout, decode=RunTrace.from_wire)]
+    outcomes = run_jobs(jobs, isolation=isolation)
+    failed = first_error(outcomes)
+    if failed is not None and failed.error is not None:
+        return [f"the values of the differing tensors could not be fetched ({failed.error.headline()}): "
+                "their violations say only that their digests differ."]
+    again_baseline, again_interrupted, again_resumed = (o.output for o in outcomes)
+    pairs = []
+    if wanted.at_step:
+        pairs += [(baseline.steps[wanted.step - 1].state, again_baseline.steps[-1].state, wanted.at_step),
+                  (resumed.steps[wanted.step - resume_at - 1].state, again_resumed.steps[-1].state, wanted.at_step)]
+    if wanted.boundary:
+        assert interrupted.saved is not None and resumed.loaded is not None
+        assert again_interrupted.saved is not None and again_resumed.loaded is not None
+        pairs += [(interrupted.saved.state, again_interrupted.saved.state, wanted.boundary),
+                  (resumed.loaded.state, again_resumed.loaded.state, wanted.boundary)]
+    if all([_replace(known, fetched, paths) for known, fetched, paths in pairs]):
+        return []
+    return ["training again to fetch the values of the differing tensors gave other values than the first "
+            "time, so some violations say only that their digests differ."]
+
+
+def _replace(known: Snapshot, fetched: Snapshot, paths: frozenset[str]) -> bool:
+    """Put the fetched values of `paths` in place of their digests; False if one does not match its digest."""
+    matched = True
+    for path in paths:
+        value, known_digest = fetched.get(path), known.get(path)
+        if not isinstance(known_digest, Digest):
+            continue
+        if isinstance(value, torch.Tensor) and digest(value) == known_digest:
+            known[path] = value
+        else:
+            matched = False
+    return matched
 
 
 def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
@@ -146,7 +240,10 @@ def judge_resume(
     resume_at: int,
     comparison: Comparison,
     config: dict[str, Any],
+    rng_at_load: bool = True,
 ) -> ResumeResult:
+    """The verdict on the four runs' traces. `rng_at_load=False` (a script) says that the RNG
+    streams right after the load were not observed, so an RNG divergence cannot be blamed on it."""
     base, again, before, after = baseline.steps, repeat.steps, interrupted.steps, resumed.steps
     for other, what in ((again, "Two uninterrupted runs differ"),
                         (before, "The interrupted run differs from the uninterrupted one before the save")):
@@ -175,7 +272,8 @@ def judge_resume(
                         "The RNG stream at the start of the step differs from uninterrupted training: "
                         + ("load() did not restore it." if cause else
                            "it was restored, then consumed between load() and this step (for example by a new "
-                           "DataLoader iterator drawing its base seed).")
+                           "DataLoader iterator drawing its base seed)." if rng_at_load else
+                           "the checkpoint does not hold it, or the resumed script draws from it differently.")
                     )
                     rng_first[mismatch.path] = (
                         _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",

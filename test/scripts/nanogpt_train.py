@@ -1,0 +1,107 @@
+"""A training script shaped like nanoGPT's train.py, written for this project's tests.
+
+It runs at import, parses its arguments, draws its batches from the global torch RNG
+(`get_batch`), prefetches the next batch, evaluates on random batches every `eval_interval`
+iterations and saves a checkpoint dict there, and resumes with `--init_from resume`.
+`--fault` makes its resume lose something: `rng_not_saved` (the checkpoint holds no RNG state,
+as in nanoGPT itself), `prefetch_lost` (the RNG is saved after the next batch was drawn, and
+the resumed run draws a new one: it skips a batch) or `eval_again` (the resumed run evaluates
+again at the iteration it resumes at, as nanoGPT's loop does, which draws its random batches
+a second time).
+"""
+
+import argparse
+import math
+import os
+
+import torch
+from torch import nn
+
+from trainparity import probe
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out_dir", required=True)
+parser.add_argument("--init_from", default="scratch", choices=["scratch", "resume"])
+parser.add_argument("--max_iters", type=int, default=10)
+parser.add_argument("--eval_interval", type=int, default=3)
+parser.add_argument("--fault", default="none", choices=["none", "rng_not_saved", "prefetch_lost", "eval_again"])
+args = parser.parse_args()
+
+torch.manual_seed(1337)
+VOCAB, BLOCK, BATCH = 32, 8, 4
+data = torch.randint(0, VOCAB, (512,), generator=torch.Generator().manual_seed(0))
+
+
+def get_batch():
+    ix = torch.randint(len(data) - BLOCK - 1, (BATCH,))
+    x = torch.stack([data[i:i + BLOCK] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + BLOCK] for i in ix])
+    return x, y, ix
+
+
+class TinyLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(VOCAB, 16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.lm_head = nn.Linear(16, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied, as in GPT
+
+    def forward(self, x, y=None):
+        h = self.wte(x)
+        logits = self.lm_head(h + self.mlp(h))
+        loss = None if y is None else nn.functional.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
+        return logits, loss
+
+
+def get_lr(it, warmup=2, base=1e-2):
+    return base * (it + 1) / warmup if it < warmup else base * 0.5 * (1 + math.cos(math.pi * it / 100))
+
+
+@torch.no_grad()
+def estimate_loss():
+    model.eval()
+    losses = [model(*get_batch()[:2])[1].item() for _ in range(2)]
+    model.train()
+    return sum(losses) / len(losses)
+
+
+model = TinyLM()
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+iter_num = 0
+batch = None
+resumed_at = None
+checkpoint_path = os.path.join(args.out_dir, "ckpt.pt")
+if args.init_from == "resume":
+    checkpoint = torch.load(checkpoint_path, weights_only=False)
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    iter_num = checkpoint["iter_num"]
+    if "rng" in checkpoint:
+        torch.set_rng_state(checkpoint["rng"])
+    batch = checkpoint.get("batch")
+    resumed_at = iter_num
+
+X, Y, ix = batch if batch is not None else get_batch()  # the first batch (or the one saved with the checkpoint)
+while True:
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    evaluated_before_the_save = iter_num == resumed_at and args.fault != "eval_again"
+    if iter_num % args.eval_interval == 0 and iter_num > 0 and not evaluated_before_the_save:
+        estimate_loss()
+        checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
+        if args.fault != "rng_not_saved":
+            checkpoint["rng"] = torch.get_rng_state()
+        if args.fault in ("none", "eval_again"):
+            checkpoint["batch"] = (X, Y, ix)
+        torch.save(checkpoint, checkpoint_path)
+    if iter_num >= args.max_iters:
+        break
+    probe.sample_ids(ix)
+    _, loss = model(X, Y)
+    X, Y, ix = get_batch()  # prefetch the next batch while this one trains
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    iter_num += 1

@@ -1,0 +1,75 @@
+"""check_resume_script on an unmodified nanoGPT-shaped training script (test/scripts/nanogpt_train.py)."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import pytest
+
+import trainparity as tp
+from trainparity import probe
+from trainparity._script import _hook, check_resume_script
+
+SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"
+
+
+def check(fault: str = "none", *extra: str, steps: int = 6) -> tp.ResumeResult:
+    command = [sys.executable, str(SCRIPT), "--out_dir", "{workdir}", "--fault", fault, *extra]
+    return check_resume_script(command, [*command, "--init_from", "resume"], steps=steps, resume_at=3, timeout=120)
+
+
+def test_a_script_that_resumes_exactly_passes_and_says_which_streams_it_never_seeds() -> None:
+    result = check()
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert any(note.startswith("not compared: rng.numpy, rng.python") for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize(("fault", "cause"), [("rng_not_saved", "data_replayed"), ("prefetch_lost", "data_skipped")])
+def test_a_lost_rng_state_or_prefetched_batch_fails_at_the_first_resumed_step(fault: str, cause: str) -> None:
+    result = check(fault)
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    first = result.first_violation
+    assert first is not None and (first.path, first.step) == ("rng.torch", 4), result.report()
+    data = next(v for v in result.violations if v.path == "data.sample_ids")
+    assert (data.step, data.cause) == (4, cause), result.report()
+
+
+def test_evaluating_again_after_the_resume_draws_the_random_batches_twice() -> None:
+    result = check("eval_again")
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.kind, first.step) == ("rng.torch", "rng_mismatch", 4), result.report()
+
+
+def test_a_script_that_writes_no_checkpoint_in_time_is_an_error() -> None:
+    result = check("none", "--eval_interval", "100")
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert "wrote no checkpoint (torch.save) at or after optimizer step 3" in result.error.message
+
+
+def test_a_script_that_stops_too_early_or_raises_is_an_error() -> None:
+    early = check("none", "--max_iters", "4", steps=6)
+    assert early.outcome is tp.Outcome.ERROR and early.error is not None, early.report()
+    assert "ended after optimizer step 4, before step 6" in early.error.message
+    raised = check("none", "--max_iters", "not-a-number")
+    assert raised.outcome is tp.Outcome.ERROR and raised.error is not None, raised.report()
+    assert raised.error.kind == "died" and raised.error.exitcode == 2  # argparse's usage error
+
+
+def test_the_probe_does_nothing_outside_a_check() -> None:
+    assert _hook.RECORDER is None
+    probe.sample_ids([1, 2, 3])
+    probe.track(counter=1)
+    assert _hook.RECORDER is None
+
+
+@pytest.mark.parametrize(("arguments", "error"), [
+    ({"command": "", "resume_command": "python x.py"}, ValueError),
+    ({"command": 3, "resume_command": "python x.py"}, TypeError),
+    ({"command": "python x.py", "resume_command": "python x.py", "resume_at": 6}, ValueError),
+    ({"command": "python x.py", "resume_command": "python x.py", "env": {"A": 1}}, TypeError),
+])
+def test_bad_arguments_are_refused_at_the_call(arguments: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        check_resume_script(**arguments)  # type: ignore[arg-type]

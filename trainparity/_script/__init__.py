@@ -1,0 +1,165 @@
+"""`check_resume_script`: the resume check on a training script as it is, run as real processes.
+
+The script is observed through hooks installed before its first line (`_hook`, by the
+`sitecustomize.py` in `site/`, which leads the children's PYTHONPATH); it decides itself where
+and when it saves. Four runs: two uninterrupted baselines of `steps` optimizer steps, the
+interrupted run ended right after the script's first checkpoint at or after `resume_at`, and
+`resume_command` continuing from it in the same directory. Their traces are `RunTrace`s, judged
+by the same `judge_resume` as recipes.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainparity import _session
+from trainparity._compare import Comparison, compare_snapshots, resolve_comparison
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_timeout
+from trainparity._result import ChildError, ResumeResult
+from trainparity._resume import judge_resume
+from trainparity._script._hook import ENVIRONMENT, ScriptRun
+from trainparity._trace import RunTrace
+
+SITE = pathlib.Path(__file__).resolve().parent / "site"
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+#: the placeholder in a command replaced by the run chain's own directory
+WORKDIR = "{workdir}"
+
+Command = str | Sequence[str]
+
+
+def _command(command: object, name: str) -> list[str]:
+    if isinstance(command, str):
+        parts = shlex.split(command)
+    elif isinstance(command, Sequence) and all(isinstance(part, str) for part in command):
+        parts = list(command)
+    else:
+        raise TypeError(f"{name}= must be a command line (a string, split like a shell) or a list of strings, "
+                        f"got {type(command).__name__}")
+    if not parts:
+        raise ValueError(f"{name}= is empty: give the command that trains, e.g. 'python train.py'")
+    return parts
+
+
+def _validate(steps: object, resume_at: object) -> tuple[int, int]:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps= must be an int >= 2 (optimizer steps), got {steps!r}")
+    if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at < steps:
+        raise ValueError(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
+    return steps, resume_at
+
+
+@_session.recorded
+def check_resume_script(
+    command: Command,
+    resume_command: Command,
+    *,
+    steps: int = 6,
+    resume_at: int = 3,
+    comparison: Comparison | None = None,
+    timeout: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> ResumeResult:
+    """Check that an unmodified training script, interrupted by a real exit after its own checkpoint
+    and continued by `resume_command`, reproduces its uninterrupted training. Never raises for a FAIL.
+
+    `command` trains from scratch, `resume_command` continues from the checkpoint the script
+    wrote (both a string split like a shell, or a list). `{workdir}` in either is a fresh
+    directory per run chain: the interrupted and the resumed run share one, each baseline has
+    its own. `env` adds environment variables; `cwd` defaults to the current directory.
+    `timeout` bounds each run. `trainparity.probe` lets the script name its batches' sample IDs
+    and more state to compare.
+    """
+    run_command, continue_command = _command(command, "command"), _command(resume_command, "resume_command")
+    steps, resume_at = _validate(steps, resume_at)
+    declared = resolve_comparison(comparison)
+    timeout = validate_timeout(timeout)
+    if env is not None and not (isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                                                for k, v in env.items())):
+        raise TypeError("env= must map environment variable names to strings")
+    directory = str(pathlib.Path(cwd or os.getcwd()).resolve())
+    config: dict[str, Any] = {
+        "command": shlex.join(run_command),
+        "resume_command": shlex.join(continue_command),
+        "steps": steps,
+        "resume_at": resume_at,
+        "comparison": declared.describe(),
+    }
+    chains = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-script-"))
+    try:
+        def job(phase: str, parts: list[str], chain: str, run: ScriptRun) -> Job:
+            (chains / chain).mkdir(exist_ok=True)
+            words = tuple(part.replace(WORKDIR, str(chains / chain)) for part in parts)
+            path = os.pathsep.join([str(SITE), str(PACKAGE_ROOT), *(p for p in sys.path if p)])
+            variables = {**(env or {}), ENVIRONMENT: run.to_json(), "PYTHONPATH": path}
+            return Job("", None, phase, timeout, decode=RunTrace.from_wire, command=words,
+                       env=tuple(variables.items()), cwd=directory)
+
+        first_runs = run_jobs([
+            job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1)),
+            job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),
+            job("baseline (repeat)", run_command, "repeat", ScriptRun("baseline", steps, resume_at, 1)),
+        ], isolation="spawn", on_failure="later")
+        error = _error(first_runs, steps, resume_at)
+        if error is not None:
+            return ResumeResult.errored(error, config)
+        interrupted, baseline, repeat = (o.output for o in first_runs)
+        saved_at = interrupted.steps[-1].step
+        resumed_run = run_jobs([job("resumed", continue_command, "resumed",
+                                    ScriptRun("resumed", steps, resume_at, saved_at + 1))], isolation="spawn")
+        error = _error(resumed_run, steps, resume_at)
+        if error is not None:
+            return ResumeResult.errored(error, config)
+        resumed = resumed_run[0].output
+    finally:
+        shutil.rmtree(chains, ignore_errors=True)
+    notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
+    if saved_at != resume_at:
+        notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step {saved_at}.")
+    result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, rng_at_load=False)
+    result.notes.extend(notes)
+    return result
+
+
+def _error(outcomes: Sequence[JobOutcome], steps: int, resume_at: int) -> ChildError | None:
+    """The failure of a run, or what a run that ended normally did not do."""
+    failed = first_error(outcomes)
+    if failed is not None:
+        return failed.error
+    for outcome in outcomes:
+        trace: RunTrace = outcome.output
+        taken = trace.steps[-1].step if trace.steps else 0
+        if outcome.phase == "interrupted" and trace.saved is None:
+            return ChildError("died", outcome.phase, f"the script wrote no checkpoint (torch.save) at or after "
+                              f"optimizer step {resume_at}: it ended after step {taken}")
+        if outcome.phase != "interrupted" and taken < steps:
+            return ChildError("died", outcome.phase, f"the script ended after optimizer step {taken}, before "
+                              f"step {steps}: give it enough iterations (steps={steps})")
+    return None
+
+
+def _drop_unseeded_streams(baseline: RunTrace, traces: Sequence[RunTrace]) -> list[str]:
+    """RNG streams that differ between the two baselines' first steps are never seeded by the script
+    (nanoGPT never seeds numpy or random): they are not compared, and a note says so."""
+    repeat = traces[1]
+    if not baseline.steps or not repeat.steps:
+        return []
+    unstable = {m.path for m in compare_snapshots(baseline.steps[0].rng, repeat.steps[0].rng, resolve_comparison(None))}
+    for trace in traces:
+        for record in trace.steps:
+            for path in unstable:
+                record.rng.pop(path, None)
+    if not unstable:
+        return []
+    return [f"not compared: {', '.join(sorted(unstable))}, which the script does not seed (they differ between "
+            "two uninterrupted runs from the first step on); where the script draws from them, the loss or "
+            "the state shows it."]
+

@@ -1,0 +1,202 @@
+"""Inside a script under `tp.check_resume_script`: observe its training through hooks, write a `RunTrace`.
+
+Installed by `site/sitecustomize.py` before the script's first line. The clock is the first
+optimizer that steps: at each of its steps the pre-hook records the RNG streams (and, in a
+resumed run, the state the script restored), the post-hook the step's sample IDs (from
+`trainparity.probe`), the loss (the scalars `backward()` was called on since the last step) and
+the live state: the modules that own the optimized parameters, the optimizers, the LR schedulers
+and GradScalers the script built, and what it passed to `probe.track`, through the same leaf
+walk as recipes (large tensors as digests). `torch.save` marks the script's own checkpoints.
+
+A run ends by a real process exit: a baseline or resumed run after optimizer step `steps`, the
+interrupted run right after the script's first checkpoint written at or after `resume_at`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import gc
+import json
+import os
+import pathlib
+import sys
+import types
+import warnings
+from typing import Any
+
+import torch
+import torch.optim.lr_scheduler
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from trainparity import _wire as wire
+from trainparity._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
+from trainparity._sample_ids import normalize_sample_ids
+from trainparity._snapshot import Digesting, snapshot_rng, snapshot_state
+from trainparity._state import State
+from trainparity._trace import Boundary, RunTrace, StepRecord
+
+#: the environment variable holding the run's `ScriptRun` as JSON
+ENVIRONMENT = "TRAINPARITY_SCRIPT"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRun:
+    """What one run of the script is for."""
+
+    #: "baseline", "interrupted" or "resumed"
+    mode: str
+    steps: int
+    resume_at: int
+    #: the number of the first optimizer step this run takes
+    first: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> ScriptRun:
+        return cls(**json.loads(text))
+
+
+class Recorder:
+    def __init__(self, run: ScriptRun, workdir: pathlib.Path) -> None:
+        self.run = run
+        self.workdir = workdir
+        self.step = run.first - 1
+        self.clock: torch.optim.Optimizer | None = None
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[Any] = []
+        self.scalers: list[Any] = []
+        self.modules: list[nn.Module] | None = None
+        self.tracked: dict[str, Any] = {}
+        self.ids: list[Any] = []
+        self.losses: list[float] = []
+        self.rng: dict[str, Any] = {}
+        self.records: list[StepRecord] = []
+        self.loaded: Boundary | None = None
+        self.saved: Boundary | None = None
+        self.finished = False
+
+    # -- what the script's objects are -------------------------------------------------------------
+
+    def _find_modules(self) -> list[nn.Module]:
+        """The outermost modules that own parameters the optimizers step (found once, by walking the heap)."""
+        optimized = {id(p) for o in self.optimizers for group in o.param_groups for p in group["params"]}
+        with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
+            warnings.simplefilter("ignore")
+            modules = [m for m in gc.get_objects() if isinstance(m, nn.Module)]
+        owners = {id(m) for m in modules if any(id(p) in optimized for p in m.parameters(recurse=False))}
+        candidates = [m for m in modules if any(id(sub) in owners for sub in m.modules())]
+        inner = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
+        return [m for m in candidates if id(m) not in inner]
+
+    def state(self) -> State:
+        if self.modules is None:
+            self.modules = self._find_modules()
+        entries: dict[str, Any] = {}
+        for name, objects in (("model", self.modules), ("optimizer", self.optimizers),
+                              ("scheduler", self.schedulers), ("scaler", self.scalers)):
+            if objects:
+                entries[name] = objects[0] if len(objects) == 1 else list(objects)
+        entries.update(self.tracked)
+        return State(**entries)
+
+    def add_sample_ids(self, ids: Any) -> None:
+        self.ids.extend(normalize_sample_ids(ids, "probe.sample_ids()") or [])
+
+    # -- hooks -----------------------------------------------------------------------------------------
+
+    def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if all(optimizer is not o for o in self.optimizers):
+            self.optimizers.append(optimizer)
+        if self.clock is None:
+            self.clock = optimizer
+        if optimizer is not self.clock or self.finished:
+            return
+        if self.run.mode == "resumed" and self.loaded is None:
+            self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
+        self.rng = snapshot_rng()
+
+    def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is not self.clock or self.finished:
+            return
+        self.step += 1
+        loss = sum(self.losses) if self.losses else None
+        self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss,
+                                       snapshot_state(self.state(), Digesting())))
+        self.ids, self.losses = [], []
+        if self.run.mode != "interrupted" and self.step >= self.run.steps:
+            self.finish()
+
+    def after_save(self) -> None:
+        if self.run.mode == "interrupted" and self.step >= self.run.resume_at and not self.finished:
+            self.saved = Boundary(snapshot_state(self.state(), Digesting()), {})
+            self.finish()
+
+    def write(self) -> None:
+        trace = RunTrace(self.records, self.loaded, self.saved, [])
+        wire.dump(trace.to_wire(), self.workdir / RESULT_FILE)
+
+    def finish(self) -> None:
+        """Write the trace and end the process: a real exit, as a job killed after its checkpoint."""
+        self.finished = True
+        self.write()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+RECORDER: Recorder | None = None
+
+
+def install_from_environment() -> None:
+    run = ScriptRun.from_json(os.environ.pop(ENVIRONMENT))
+    install(run, pathlib.Path(os.environ.pop(JOB_DIRECTORY)))
+
+
+def install(run: ScriptRun, workdir: pathlib.Path) -> None:
+    global RECORDER
+    recorder = RECORDER = Recorder(run, workdir)
+    register_optimizer_step_pre_hook(recorder.before_step)
+    register_optimizer_step_post_hook(recorder.after_step)
+
+    save = torch.save
+
+    def observed_save(*args: Any, **kwargs: Any) -> None:
+        save(*args, **kwargs)
+        recorder.after_save()
+
+    torch.save = observed_save
+
+    backward = torch.Tensor.backward
+
+    def observed_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if self.numel() == 1:
+            recorder.losses.append(float(self.detach()))
+        backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+
+    torch.Tensor.backward = observed_backward  # type: ignore[method-assign]
+    for cls, registry in ((torch.optim.lr_scheduler.LRScheduler, recorder.schedulers),
+                          (torch.amp.GradScaler, recorder.scalers)):
+        _register_instances(cls, registry)
+
+    def excepthook(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> None:
+        wire.dump(error_record(error.with_traceback(tb)), workdir / ERROR_FILE)
+        sys.stderr.flush()
+        os._exit(RAISED_EXIT)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: None if recorder.finished else recorder.write())
+
+
+def _register_instances(cls: type, registry: list[Any]) -> None:
+    init = getattr(cls, "__init__")  # noqa: B009 - mypy refuses cls.__init__ on a type
+
+    def observed_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if all(self is not known for known in registry):
+            registry.append(self)
+
+    setattr(cls, "__init__", observed_init)  # noqa: B010
