@@ -1,0 +1,110 @@
+"""Recipe specs (`module:Class(k=1)`, `path/file.py:Class`) and how a fresh process finds a recipe's module."""
+
+from __future__ import annotations
+
+import pathlib
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import trainparity as tp
+from trainparity._recipe import RecipeRef, Spec, SpecError, parse_spec, resolve_recipe
+
+HERE = pathlib.Path(__file__).resolve().parent
+RECIPE_SOURCE = '''
+import trainparity as tp
+
+
+class Counted(tp.Recipe):
+    def __init__(self, start=0, label="x"):
+        self.start, self.label = start, label
+'''
+
+
+@pytest.fixture
+def restored_modules() -> Iterator[None]:
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_literal_arguments_are_parsed_without_evaluating_code() -> None:
+    assert parse_spec('pkg.mod:Outer.Inner(1, (2, 3), k={"a": [None]}, name="a:b", flag=True)') == Spec(
+        'pkg.mod:Outer.Inner(1, (2, 3), k={"a": [None]}, name="a:b", flag=True)', "pkg.mod", "Outer.Inner",
+        (1, (2, 3)), {"k": {"a": [None]}, "name": "a:b", "flag": True})
+    assert parse_spec("dir/recipes.py:Recipe") == Spec("dir/recipes.py:Recipe", "dir/recipes.py", "Recipe")
+
+
+@pytest.mark.parametrize("text", ["module", "module:", ":Recipe", "m:Recipe(", "m:1", "m:Recipe()()",
+                                  "m:Recipe(x=__import__('os'))", "m:Recipe(**extra)", "m:Recipe(*extra)"])
+def test_malformed_specs_are_refused(text: str) -> None:
+    with pytest.raises(SpecError):
+        parse_spec(text)
+
+
+def test_the_name_a_report_prints_is_a_spec_that_builds_the_same_recipe() -> None:
+    from resume_recipes import ResumeRecipe
+
+    ref = resolve_recipe(ResumeRecipe(fault="ema", use_python_random=False))
+    assert ref.name == "resume_recipes:ResumeRecipe(fault='ema', use_python_random=False)"
+    assert resolve_recipe(ref.name) == ref
+    built = resolve_recipe(ref.name).build()
+    assert isinstance(built, ResumeRecipe) and (built.fault, built.use_python_random) == ("ema", False)
+
+
+def test_a_file_spec_whose_name_imports_another_module_loads_the_file(tmp_path: pathlib.Path,
+                                                                       restored_modules: None) -> None:
+    (tmp_path / "json.py").write_text(RECIPE_SOURCE)  # `import json` is the standard library's
+    ref = resolve_recipe(f"{tmp_path / 'json.py'}:Counted(start=3)")
+    assert ref.name == "json:Counted(start=3)"
+    assert ref.module.startswith("__trainparity_") and ref.file == str(tmp_path / "json.py")
+    recipe = ref.build()
+    assert type(recipe).__name__ == "Counted" and recipe.start == 3  # type: ignore[attr-defined]
+
+
+def test_a_fresh_process_loads_a_module_it_cannot_import_by_name_from_its_file(tmp_path: pathlib.Path) -> None:
+    # pytest's --import-mode=importlib imports test modules under names that are not importable
+    (tmp_path / "recipes.py").write_text(RECIPE_SOURCE)
+    ref = RecipeRef("project.tests.recipes", "Counted", str(tmp_path / "recipes.py"), pickle.dumps(((), {"start": 5})))
+    probe = ("import pickle, sys; ref = pickle.loads(sys.stdin.buffer.read()); recipe = ref.build(); "
+             "print(type(recipe).__module__, recipe.start)")
+    done = subprocess.run([sys.executable, "-c", probe], input=pickle.dumps(ref), capture_output=True, timeout=120,
+                          cwd=tmp_path.parent)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().split() == ["project.tests.recipes", "5"]
+
+
+def test_without_a_file_a_module_that_does_not_import_is_an_import_error() -> None:
+    ref = RecipeRef("project.tests.recipes", "Counted", None, pickle.dumps(((), {})))
+    with pytest.raises(ModuleNotFoundError):
+        ref.build()
+
+
+def test_a_module_importable_by_name_is_imported_not_executed_again() -> None:
+    import resume_recipes
+
+    ref = resolve_recipe("resume_recipes:ResumeRecipe")
+    assert ref.file == str(pathlib.Path(resume_recipes.__file__).resolve())
+    assert ref.recipe_class() is resume_recipes.ResumeRecipe
+
+
+def test_a_recipe_spec_that_is_not_a_recipe_class_or_cannot_be_built() -> None:
+    with pytest.raises(TypeError, match="is not a tp.Recipe subclass"):
+        tp.check_resume("resume_recipes:Net")
+    with pytest.raises(TypeError, match=r"could not be built: .*unexpected keyword argument 'colour'"):
+        tp.check_resume("resume_recipes:ResumeRecipe(colour='red')")
+    with pytest.raises(SpecError, match="no such file 'missing.py'"):
+        tp.check_resume("missing.py:Recipe")
+
+
+def test_a_typed_state_subclass_is_a_state() -> None:
+    class CountedState(tp.State):
+        step: int
+
+    state = CountedState(step=1)
+    assert list(state) == ["step"] and repr(state) == "CountedState(step=int)"
+    assert tp.Recipe[CountedState] is not tp.Recipe  # generic over its State type at run time too
