@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 from trainparity import _wire as wire
-from trainparity._report import relative_paths
 from trainparity._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
@@ -115,7 +114,7 @@ def error_record(error: BaseException) -> dict[str, str]:
         "exc_type": type(error).__qualname__,
         "exc_module": type(error).__module__,
         "message": bounded(message),
-        "traceback": bounded(relative_paths(format_user_traceback(error))),
+        "traceback": bounded(format_user_traceback(error)),
     }
 
 
