@@ -6,7 +6,7 @@ timeout, imports the blocks in order; each block starts with the names the earli
 document defined, as a reader carries them from one block to the next, and a script's
 `if __name__ == "__main__":` block runs too. Both happen in that runner only: a check's fresh
 process that imports a block to rebuild its recipe gets the block alone, as a user who copied it
-would. Every unittest test case a block defines is run.
+would. Every test function (as pytest would collect it) and unittest test case a block defines is run.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ EARLIER_NAMES = 'globals().update(__import__("builtins").__dict__.get("DOC_SNIPP
 RUNNER = textwrap.dedent('''
     import builtins
     import importlib
+    import inspect
     import io
     import sys
     import traceback
@@ -52,6 +53,16 @@ RUNNER = textwrap.dedent('''
             print(f"FAILED: {{where}} raised", flush=True)
             sys.exit(1)
         builtins.DOC_SNIPPET_NAMES.update({{k: v for k, v in vars(module).items() if not k.startswith("_")}})
+        functions = [value for name, value in vars(module).items()
+                     if name.startswith("test") and inspect.isfunction(value) and value.__module__ == module_name]
+        for function in functions:  # as pytest runs them
+            try:
+                function()
+            except BaseException:
+                traceback.print_exc()
+                print(f"FAILED: {{where}}: {{function.__name__}}", flush=True)
+                sys.exit(1)
+            print(f"{{function.__name__}} ... ok", flush=True)
         cases = [value for value in vars(module).values()
                  if isinstance(value, type) and issubclass(value, unittest.TestCase)
                  and value.__module__ == module_name]

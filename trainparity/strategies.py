@@ -8,8 +8,7 @@
     @given(cfg=tps.sampler_configs())
     def test_my_sharding(cfg):
         windows = tps.epoch_windows(my_loaders(cfg), cfg.epochs)   # your own sampler, built from cfg
-        result = tp.check_coverage(windows, policy=tps.expected_policy(cfg))
-        assert result.passed, result.report()
+        tp.assert_coverage(windows, policy=tps.expected_policy(cfg))
 
 `expected_policy(cfg)` is what torch's own `DistributedSampler` satisfies for that config, so
 a sampler that should behave like it can be held to it; `distributed_samplers(cfg)` and
