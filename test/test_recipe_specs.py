@@ -6,12 +6,13 @@ import pathlib
 import pickle
 import subprocess
 import sys
+import types
 from collections.abc import Iterator
 
 import pytest
 
 import trainparity as tp
-from trainparity._recipe import RecipeRef, Spec, SpecError, parse_spec, resolve_recipe
+from trainparity._recipe import RecipeRef, Spec, SpecError, import_attribute, parse_spec, resolve_recipe
 
 HERE = pathlib.Path(__file__).resolve().parent
 RECIPE_SOURCE = '''
@@ -76,6 +77,13 @@ def test_a_fresh_process_loads_a_module_it_cannot_import_by_name_from_its_file(t
                           cwd=tmp_path.parent)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().split() == ["project.tests.recipes", "5"]
+
+
+def test_a_module_already_imported_is_found_even_when_its_package_does_not_import(restored_modules: None) -> None:
+    module = types.ModuleType("tests_under_importlib.test_training")  # as pytest registers it, without parent
+    module.split_in_two = len  # type: ignore[attr-defined]
+    sys.modules[module.__name__] = module
+    assert import_attribute(module.__name__, "split_in_two") is len
 
 
 def test_without_a_file_a_module_that_does_not_import_is_an_import_error() -> None:

@@ -173,7 +173,8 @@ def attribute(module: ModuleType, qualname: str) -> Any:
 def import_module(name: str) -> ModuleType:
     # The import statement's machinery, unlike importlib.import_module, drops importlib's own frames from the
     # traceback of an error raised while the module executes: the report shows the user's frames only.
-    __import__(name)
+    if name not in sys.modules:  # (a module already imported may have no importable parent package)
+        __import__(name)
     return sys.modules[name]
 
 
