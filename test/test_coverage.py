@@ -370,6 +370,53 @@ class TestInputs(unittest.TestCase):
                                    policy=tp.NoCrossRankOverlap())
         self.assertEqual(observed(result), [("cross_rank_duplicate", 0, 0, 1, "bbbbbb", None)])
 
+    def test_batches_of_every_integer_form_are_read_whole_and_in_order(self) -> None:
+        class Ids(torch.Tensor):
+            pass
+
+        def forms():  # type: ignore[no-untyped-def]
+            refilled = torch.zeros(2, dtype=torch.int64)
+            yield torch.tensor([0, 1])  # contiguous int64 on the CPU: copied by address
+            yield torch.arange(2, 8)[::2]  # a strided view: 2, 4, 6
+            yield torch.tensor([[3, 5], [7, 8]])
+            yield torch.tensor(9)
+            yield torch.tensor([10, 11], dtype=torch.int32)
+            yield torch.tensor([12], dtype=torch.uint8)
+            yield torch.tensor([], dtype=torch.int64)
+            yield torch.tensor([13, 14]).as_subclass(Ids)
+            yield torch.arange(40, dtype=torch.int64)[15:17]  # a view at an offset into a larger storage
+            yield np.arange(17, 23, dtype=np.int32)[::2]  # 17, 19, 21
+            yield np.array([18, 20, 22])
+            for start in (23, 25):  # one tensor, refilled before it is yielded again
+                refilled[:] = torch.tensor([start, start + 1])
+                yield refilled
+
+        expected = [0, 1, 2, 4, 6, 3, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 21, 18, 20, 22, 23, 24, 25, 26]
+        self.assertTrue(tp.check_coverage({0: forms()}, policy=tp.ExactlyOnce(range(27))).passed)
+        result = tp.check_coverage({0: forms(), 1: forms()}, policy=tp.ExactlyOnce(range(27)))
+        self.assertEqual(observed(result), [("cross_rank_duplicate", 0, 1, position, sample, None)
+                                            for position, sample in enumerate(expected)])
+
+    def test_a_length_hint_that_raises_or_lies_changes_nothing(self) -> None:
+        class Hinted:
+            def __init__(self, hint: object) -> None:
+                self.hint, self.batches = hint, iter([torch.tensor([0, 1]), torch.tensor([2])])
+
+            def __iter__(self) -> Hinted:
+                return self
+
+            def __next__(self) -> torch.Tensor:
+                return next(self.batches)
+
+            def __length_hint__(self) -> int:
+                if isinstance(self.hint, Exception):
+                    raise self.hint
+                return int(self.hint)  # type: ignore[call-overload]
+
+        for hint in (ValueError("no hint"), 0, 1, 10**12):
+            with self.subTest(hint=hint):
+                self.assertTrue(tp.check_coverage({0: Hinted(hint)}, policy=tp.ExactlyOnce(range(3))).passed)
+
     def test_sample_ids_extracts_from_structured_batches(self) -> None:
         batches = [{"x": torch.zeros(2), "idx": torch.tensor([0, 1])}, {"x": torch.zeros(1), "idx": torch.tensor([2])}]
         self.assertTrue(tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(3)),
@@ -383,6 +430,10 @@ class TestInputs(unittest.TestCase):
             ([[True]], "batch 0: sample ID at position 0 is bool True"),
             ([torch.tensor([0.0])], "batch 0: sample IDs must be integers or strings, got a torch.float32 tensor"),
             ([[0], ["a"]], "batch 1 has str IDs but epoch 0, rank 0, batch 0 has int IDs"),
+            ([["a"], torch.tensor([0, 1])], "batch 1 has int IDs but epoch 0, rank 0, batch 0 has str IDs"),
+            ([["a"], np.array([0, 1])], "batch 1 has int IDs but epoch 0, rank 0, batch 0 has str IDs"),
+            ([[], torch.tensor([], dtype=torch.int64), ["a"], torch.tensor([0])],
+             "batch 3 has int IDs but epoch 0, rank 0, batch 2 has str IDs"),
             ([3.5], "batch 0: sample_ids() must return a sequence of IDs, got float"),
             # a batch of several fields, passed without sample_ids=: its keys or fields are not IDs
             ([{"idx": torch.tensor([0, 1]), "x": torch.zeros(2)}], "got a dict with keys ['idx', 'x']; extract the "

@@ -92,12 +92,13 @@ class TestRecorder(unittest.TestCase):
                          [("missing_id", 1, None, None)])
 
     def test_keeps_a_copy_of_reused_buffers(self) -> None:
-        buffer = np.array([0, 1])
-        recorder = tp.CoverageRecorder()
-        recorder.record(buffer)
-        buffer[:] = [5, 5]
-        recorder.record(buffer)
-        self.assertTrue(tp.check_coverage(recorder, policy=tp.AtLeastOnce([0, 1, 5])).passed)
+        for buffer in (np.array([0, 1]), np.array([0, 1], dtype=np.int32), torch.tensor([0, 1])):
+            with self.subTest(type(buffer).__name__, dtype=buffer.dtype):
+                recorder = tp.CoverageRecorder()
+                recorder.record(buffer)
+                buffer[:] = 5
+                recorder.record(buffer)
+                self.assertTrue(tp.check_coverage(recorder, policy=tp.AtLeastOnce([0, 1, 5])).passed)
 
     def test_pickles_small_without_sample_ids(self) -> None:
         recorder = tp.CoverageRecorder(rank=1, sample_ids=lambda b: b)

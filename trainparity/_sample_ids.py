@@ -1,7 +1,8 @@
 """Sample IDs: what a batch's `sample_ids` returned, as a flat int64 or str array, or a TypeError naming where.
 
 Shared by the resume and data-parallel traces (`normalize_sample_ids`, a list per step) and the
-coverage audit (`sample_id_array`, `batch_id_array`). Needs numpy and torch only.
+coverage audit (`sample_id_array`, `batch_id_array`, and `plain_int_ids`, the fast path for the
+common batch: a 1-d integer tensor or array). Needs numpy and torch only.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ SampleIds = list[int | str]
 IdArray = np.ndarray[Any, Any]
 
 _INT64_MAX = np.iinfo(np.int64).max
+#: integer dtypes whose every value fits int64 (uint64 needs a check)
+_PLAIN_TORCH_INTS = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8})
+_PLAIN_NUMPY_INTS = frozenset(np.dtype(kind) for kind in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                                          np.uint32))
 
 
 def read_ids(ids: Any) -> Any:
@@ -38,6 +43,22 @@ def normalize_sample_ids(ids: Any, where: str) -> SampleIds | None:
     return ids_list
 
 
+def plain_int_ids(ids: Any) -> IdArray | None:
+    """The fast path for one batch's IDs: a 1-d CPU tensor or numpy array of an integer dtype that fits int64, as
+    a numpy array sharing its memory (not converted to int64); None for anything else (take `sample_id_array`).
+
+    It costs a few attribute reads and, for a tensor, `.numpy()`: the per-batch floor of an audit.
+    """
+    kind = type(ids)
+    if kind is torch.Tensor:
+        if ids.dtype in _PLAIN_TORCH_INTS and ids.ndim == 1 and ids.is_cpu:
+            array: IdArray = ids.numpy()  # integer tensors never require grad: no detach
+            return array
+    elif kind is np.ndarray and ids.ndim == 1 and ids.dtype in _PLAIN_NUMPY_INTS:
+        return ids  # type: ignore[no-any-return]
+    return None
+
+
 def sample_id_array(ids: Any, where: str) -> IdArray:
     """Sample IDs as a flat int64 or str array; anything else is a TypeError naming `where` and the position.
 
@@ -47,7 +68,7 @@ def sample_id_array(ids: Any, where: str) -> IdArray:
     if isinstance(ids, torch.Tensor):
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"{where}: sample IDs must be integers or strings, got a {ids.dtype} tensor")
-        ids = ids.detach().cpu().numpy()
+        ids = (ids if ids.is_cpu else ids.cpu()).numpy()  # integer tensors never require grad: no detach
     if isinstance(ids, np.ndarray):
         if ids.dtype.kind in "iu":
             if ids.dtype == np.uint64 and ids.size and int(ids.max()) > _INT64_MAX:
@@ -116,6 +137,9 @@ def batch_id_array(ids: Any, where: str, *, copy: bool) -> IdArray:
     With `copy`, the array never shares memory with `ids`: a pipeline may refill the buffer of
     the batch it yielded before.
     """
+    plain = plain_int_ids(ids)
+    if plain is not None:
+        return plain.astype(np.int64, copy=copy)
     if isinstance(ids, (int, np.integer, str)) and not isinstance(ids, (bool, np.bool_)):
         return np.array([ids], dtype=np.str_ if isinstance(ids, str) else np.int64)
     array = sample_id_array(ids, where)

@@ -14,20 +14,26 @@ processes, alive as long as the result.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import operator
 import traceback
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import torch
 
-from trainparity._child import error_record
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
 from trainparity._result import ChildError, CoverageResult, JsonValue
-from trainparity._sample_ids import IdArray, batch_id_array, read_ids
+from trainparity._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
 
 Window = tuple[int, Mapping[int, Any]]
+#: the bytes of one int64 ID
+_WORD = 8
+#: the most IDs reserved ahead of need from an iterator's length hint
+_MAX_AHEAD = 2**24
 
 
 class UserCodeFailed(Exception):
@@ -38,6 +44,10 @@ class UserCodeFailed(Exception):
         self.error, self.phase, self.rank = error, phase, rank
 
     def result(self, config: dict[str, JsonValue]) -> CoverageResult:
+        # Imported here: the child's error records stand on the report and comparison modules, which the
+        # coverage package does not otherwise need (test/test_coverage_imports.py).
+        from trainparity._child import error_record
+
         error = ChildError.raised(error_record(self.error), self.phase, self.rank)
         release_frames(self.error)
         return CoverageResult.errored(error, config, self.error)
@@ -71,28 +81,100 @@ def _release(iterator: Any, iterable: Any, finished: bool) -> None:
             iterator._shutdown_workers()
 
 
-class _IdBuffer:
-    """Every batch's IDs, copied in as the batch arrives (the pipeline may refill a batch's buffer later).
+class _Streams:
+    """Every batch's IDs, copied in as the batch arrives (the pipeline may refill a batch's buffer later), with
+    where each batch starts and the DataLoader worker that produced it (-1: unknown).
 
-    Grows by doubling; a first batch as large as the whole input (IDs already extracted) is copied once.
+    The IDs grow by doubling, or at once to what the rank's iterator announces (`_reserve`); a first
+    batch as large as the whole input (IDs already extracted) is copied once. `read` is the per-batch
+    loop, whose cost per batch bounds the audit's throughput on small batches (`python tools/bench.py
+    coverage`): a contiguous int64 CPU tensor, the common batch, is copied by address (`ctypes.memmove`,
+    after the checks that make its bytes exactly its IDs); other integer tensors and arrays are copied by
+    numpy; anything else takes the general conversion (`batch_id_array`).
     """
 
     def __init__(self) -> None:
         self._data: IdArray = np.empty(0, dtype=np.int64)
+        self._address = self._data.ctypes.data
         self.size = 0
+        self.batch_starts: list[int] = []
+        self.batch_workers: list[int] = []
+        #: the kind of the first non-empty batch ("int" or "str") and where it was read
+        self._first_kind: tuple[str, str] | None = None
+        #: whether the first non-empty batch held ints (the buffer is then int64)
+        self._ints = False
+        #: the rank being read: its iterator's length hint, and the IDs and batches read before it
+        self._rank_hint = self._rank_size = self._rank_batch = 0
 
-    def append(self, ids: IdArray) -> None:
-        end = self.size + len(ids)
-        dtype = np.promote_types(self._data.dtype, ids.dtype) if self.size else ids.dtype  # wider strings
+    def ids(self) -> IdArray:
+        return self._data[:self.size]
+
+    def _reserve(self, end: int, dtype: np.dtype[Any]) -> IdArray:
+        """Room for `end` IDs of `dtype`: at least double, and room for the rest of the rank's stream as far as
+        its iterator's length hint and the batches so far tell (at most `_MAX_AHEAD` IDs ahead)."""
         if end > len(self._data) or dtype != self._data.dtype:
-            grown = np.empty(max(end, 2 * len(self._data)), dtype=dtype)
+            batches = len(self.batch_starts) - self._rank_batch
+            ahead = (self._rank_hint - batches) * (end - self._rank_size) // batches if batches else 0
+            grown = np.empty(max(end, 2 * len(self._data), end + min(ahead, _MAX_AHEAD)), dtype=dtype)
             grown[:self.size] = self._data[:self.size]
-            self._data = grown
-        self._data[self.size:end] = ids
+            self._data, self._address = grown, grown.ctypes.data
+        return self._data
+
+    def _append(self, array: IdArray, phase: str, index: int) -> None:
+        """Int IDs (into the int64 buffer) or str IDs (the buffer widens its strings), of the first batch's kind."""
+        kind = "str" if array.dtype.kind == "U" else "int"
+        if self._first_kind is None:
+            self._first_kind, self._ints = (kind, f"{phase}, batch {index}"), kind == "int"
+        elif kind != self._first_kind[0]:
+            raise TypeError(f"check_coverage: {phase}, batch {index} has {kind} IDs but {self._first_kind[1]} has "
+                            f"{self._first_kind[0]} IDs; IDs must be all ints or all strings")
+        end = self.size + len(array)
+        dtype = np.dtype(np.int64) if self._ints else np.promote_types(self._data.dtype, array.dtype)
+        self._reserve(end, dtype)[self.size:end] = array
         self.size = end
 
-    def array(self) -> IdArray:
-        return self._data[:self.size]
+    def read(self, iterator: Any, sample_ids: Callable[[Any], Any] | None, phase: str, rank: int) -> None:
+        """Read one rank's batches from `iterator` to its end; the user's code runs guarded (`UserCodeFailed`)."""
+        starts, workers = self.batch_starts, self.batch_workers
+        self._rank_hint, self._rank_size, self._rank_batch = _length_hint(iterator), self.size, len(starts)
+        index = 0
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
+                raise UserCodeFailed(error, f"{phase}, batch {index}", rank) from error
+            worker = -1
+            if isinstance(batch, WorkerBatch):
+                batch, worker = batch.batch, _worker(batch.worker, phase, index)
+            try:
+                ids = batch if sample_ids is None else sample_ids(batch)
+                if type(ids) is not torch.Tensor:
+                    ids = read_ids(ids)
+            except Exception as error:  # noqa: BLE001 - sample_ids or the IDs it returned raised: ERROR
+                where = f"{phase}, batch {index}"
+                raise UserCodeFailed(error, where if sample_ids is None else f"sample_ids() at {where}",
+                                     rank) from error
+            size = self.size
+            starts.append(size)
+            workers.append(worker)
+            # An exact torch.Tensor (no subclass) on the CPU, of int64, one-dimensional and contiguous (a sparse
+            # or nested tensor is not both): its IDs are the `numel` int64 words at `data_ptr`.
+            if self._ints and type(ids) is torch.Tensor and ids.dtype is torch.int64 and ids.ndim == 1 \
+                    and ids.is_cpu and ids.is_contiguous():
+                end = size + ids.numel()
+                if end > len(self._data):
+                    self._reserve(end, self._data.dtype)
+                ctypes.memmove(self._address + _WORD * size, ids.data_ptr(), _WORD * (end - size))
+                self.size = end
+            else:
+                array = plain_int_ids(ids)
+                if array is None:
+                    array = batch_id_array(ids, f"check_coverage: {phase}, batch {index}", copy=False)
+                if len(array):
+                    self._append(array, phase, index)
+            index += 1
 
 
 def epoch_groups(windows: list[Window]) -> list[int]:
@@ -111,17 +193,13 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
     """
     groups = epoch_groups(windows)
     several = len(groups) != len(set(groups))  # some epoch is observed in several windows
-    buffer = _IdBuffer()
+    streams = _Streams()
     #: one piece per (window, rank): (epoch group, rank, window, first ID, end ID, first batch, end batch)
     pieces: list[tuple[int, int, int, int, int, int, int]] = []
-    batch_starts: list[int] = []
-    batch_workers: list[int] = []
-    total = 0
-    first_kind: tuple[str, str] | None = None
     for window, (label, mapping) in enumerate(windows):
         for rank in sorted(mapping):
             phase = f"window {window} (epoch {label}), rank {rank}" if several else f"epoch {label}, rank {rank}"
-            first_id, first_batch = total, len(batch_starts)
+            first_id, first_batch = streams.size, len(streams.batch_starts)
             iterable: Any = None
             iterator: Any = None
             finished = False
@@ -131,45 +209,18 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
                     iterator = iter(iterable)
                 except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
                     raise UserCodeFailed(error, phase, int(rank)) from error
-                index = 0
-                while True:
-                    where = f"{phase}, batch {index}"
-                    try:
-                        batch = next(iterator)
-                    except StopIteration:
-                        break
-                    except Exception as error:  # noqa: BLE001 - the user's data pipeline failed: an ERROR result
-                        raise UserCodeFailed(error, where, int(rank)) from error
-                    worker = None
-                    if isinstance(batch, WorkerBatch):
-                        batch, worker = batch.batch, batch.worker
-                    reading = where if sample_ids is None else f"sample_ids() at {where}"
-                    try:
-                        ids = read_ids(batch if sample_ids is None else sample_ids(batch))
-                    except Exception as error:  # noqa: BLE001 - sample_ids or the IDs it returned raised: ERROR
-                        raise UserCodeFailed(error, reading, int(rank)) from error
-                    array = batch_id_array(ids, f"check_coverage: {where}", copy=False)
-                    if len(array):
-                        kind = "str" if array.dtype.kind == "U" else "int"
-                        if first_kind is None:
-                            first_kind = (kind, where)
-                        elif kind != first_kind[0]:
-                            raise TypeError(f"check_coverage: {where} has {kind} IDs but {first_kind[1]} has "
-                                            f"{first_kind[0]} IDs; IDs must be all ints or all strings")
-                        buffer.append(array)
-                    batch_starts.append(total)
-                    batch_workers.append(_worker(worker, where))
-                    total += len(array)
-                    index += 1
+                streams.read(iterator, sample_ids, phase, int(rank))
                 finished = True
             finally:
                 # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
                 _release(iterator, iterable, finished)
                 del iterator, iterable
-            pieces.append((groups[window], int(rank), window, first_id, total, first_batch, len(batch_starts)))
-    ids = buffer.array()
-    starts = np.array(batch_starts, dtype=np.int64)
-    workers = np.array(batch_workers, dtype=np.int64)
+            pieces.append((groups[window], int(rank), window, first_id, streams.size, first_batch,
+                           len(streams.batch_starts)))
+    total = streams.size
+    ids = streams.ids()
+    starts = np.array(streams.batch_starts, dtype=np.int64)
+    workers = np.array(streams.batch_workers, dtype=np.int64)
     piece_starts = piece_clocks = None
     if several:  # join each rank's pieces of an epoch: (epoch, rank), the windows in the order given
         longest = [0] * len(windows)
@@ -215,10 +266,19 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
     )
 
 
-def _worker(worker: object, where: str) -> int:
+def _length_hint(iterator: Any) -> int:
+    """How many batches the iterator says it will yield (0 when it does not say): only a hint for the buffer, so
+    an error in the user's `__len__` or `__length_hint__` is none of the audit's business."""
+    try:
+        return operator.length_hint(iterator)
+    except Exception:  # noqa: BLE001
+        return 0
+
+
+def _worker(worker: object, phase: str, index: int) -> int:
     if worker is None:
         return -1
     if isinstance(worker, bool) or not isinstance(worker, (int, np.integer)) or worker < 0:
-        raise TypeError(f"check_coverage: {where} is a WorkerBatch whose worker is {worker!r}; "
+        raise TypeError(f"check_coverage: {phase}, batch {index} is a WorkerBatch whose worker is {worker!r}; "
                         "it must be an int >= 0 or None")
     return int(worker)

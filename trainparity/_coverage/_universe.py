@@ -99,9 +99,8 @@ class Universe:
         audit owns that array, and the positions of ten million IDs need no second buffer.
         """
         if self.progression is not None or self.lookup is not None:
-            inside = self._inside(ids)
-            all_inside = bool(inside.all())
-            outside = np.flatnonzero(~inside) if not all_inside else np.empty(0, dtype=np.int64)
+            all_inside = self._all_inside(ids)
+            outside = np.empty(0, dtype=np.int64) if all_inside else np.flatnonzero(~self._inside(ids))
             outside_values = ids[outside]
             if self.progression is not None:
                 # In place, as uint64: an inside ID's offset from the first ID is exact even when the universe
@@ -125,6 +124,13 @@ class Universe:
         found = self.sorted_values[slot] == ids
         outside = np.flatnonzero(~found)
         return np.where(found, self.sorted_positions[slot], -1), outside, ids[outside]
+
+    def _all_inside(self, ids: IdArray) -> bool:
+        """Whether every ID is in the universe; for a progression of step 1 or -1, two reductions decide."""
+        if self.progression is not None and self.size and abs(self.progression.step) == 1:
+            first, last = self.progression[0], self.progression[-1]
+            return not len(ids) or (min(first, last) <= int(ids.min()) and int(ids.max()) <= max(first, last))
+        return bool(self._inside(ids).all())
 
     def _inside(self, ids: IdArray) -> IdArray:
         if self.progression is not None:
