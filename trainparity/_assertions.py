@@ -117,8 +117,8 @@ def _message(result: Result, msg: Message, host: Host) -> str:
     return f"{report}\n\n{msg}" if host.long_message else msg
 
 
-def assert_passed(result: R, msg: Message = None, abstain: Abstain = "fail") -> R:
-    """The rule every assertion applies to its check's result."""
+def assert_passed(result: R, *, msg: Message = None, abstain: Abstain = "fail") -> R:
+    """Assert on a result you already have: the rule every assertion applies to its check's result."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
     if not isinstance(result, Result):
@@ -151,7 +151,7 @@ def assert_resume_equivalent(
     validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
     result = check_resume(recipe, steps=steps, resume_at=resume_at, comparison=comparison, seed=seed,
                           isolation=isolation, timeout=timeout)
-    return assert_passed(result, msg, abstain)
+    return assert_passed(result, msg=msg, abstain=abstain)
 
 
 def assert_accumulation_equivalent(
@@ -176,7 +176,7 @@ def assert_accumulation_equivalent(
     result = check_accumulation(recipe, microbatches=microbatches, cycles=cycles, comparison=comparison, seed=seed,
                                 split=split, precision=precision, disable_dropout=disable_dropout,
                                 batch_dependent=batch_dependent, isolation=isolation, timeout=timeout)
-    return assert_passed(result, msg, abstain)
+    return assert_passed(result, msg=msg, abstain=abstain)
 
 
 def assert_coverage(
@@ -192,7 +192,7 @@ def assert_coverage(
     __tracebackhide__ = True
     validate_options(msg, abstain)
     result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, max_violations=max_violations)
-    return assert_passed(result, msg, abstain)
+    return assert_passed(result, msg=msg, abstain=abstain)
 
 
 def assert_data_parallel_equivalent(
@@ -214,4 +214,4 @@ def assert_data_parallel_equivalent(
     validate_options(msg, abstain)
     result = check_data_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
                                  seed=seed, precision=precision, timeout=timeout, isolation=isolation)
-    return assert_passed(result, msg, abstain)
+    return assert_passed(result, msg=msg, abstain=abstain)

@@ -16,23 +16,19 @@ import expecttest
 
 from trainparity._assertions import (
     HOST,
-    Abstain,
     Host,
-    Message,
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
     assert_passed,
     assert_resume_equivalent,
 )
-from trainparity._result import Result
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
 __unittest = True
 
 P = ParamSpec("P")
 R = TypeVar("R")
-T = TypeVar("T", bound=Result)
 
 
 def _method(assertion: Callable[P, R]) -> Callable[Concatenate[TrainParityMixin, P], R]:
@@ -73,17 +69,9 @@ class TrainParityMixin:
         def skipTest(self, reason: Any) -> None: ...
 
     def _trainparity_host(self) -> Host:
-        return Host(self.failureException, self.skipTest, getattr(self, "longMessage", True))
+        return Host(self.failureException, self.skipTest, self.longMessage)
 
-    def assertTrainParity(self, result: T, *, msg: Message = None, abstain: Abstain = "fail") -> T:
-        """Assert on a result you already have (the rule every assert* follows)."""
-        __tracebackhide__ = True
-        token = HOST.set(self._trainparity_host())
-        try:
-            return assert_passed(result, msg, abstain)
-        finally:
-            HOST.reset(token)
-
+    assertTrainParity = _method(assert_passed)
     assertResumeEquivalent = _method(assert_resume_equivalent)
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
