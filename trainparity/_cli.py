@@ -8,6 +8,7 @@ form reports print), parsed without evaluating anything but literals.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import os
 import pathlib
@@ -61,15 +62,27 @@ def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[s
     return cls.errored(ChildError.raised(error_record(error), phase), config)
 
 
-def _load(text: str, shape: str, cls: type[Result], key: str = "recipe") -> tuple[Spec, Any] | Result:
-    """The spec and the object it names; an ERROR result (config `{key: text}`) when importing the module raised."""
-    spec = parse_spec(text, shape)
-    try:
-        return spec, load_spec(spec)
-    except SpecError:
-        raise
-    except Exception as error:  # noqa: BLE001 - the user's module raised (a SyntaxError included)
-        return _errored(cls, "import", error, {key: text})
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """What a command runs: a check on the object its spec names (a recipe check passes the spec itself on),
+    reported as `result_type`."""
+
+    run: Callable[[argparse.Namespace, Spec, Any], Result]
+    result_type: type[Result]
+    #: the spec's form in messages, and its key in the config of an ERROR result
+    shape: str = "package.module:ClassName"
+    key: str = "recipe"
+
+    def __call__(self, args: argparse.Namespace) -> Result:
+        """Load the spec's object (an ERROR result when its module raises), then run the check."""
+        spec = parse_spec(args.spec, self.shape)
+        try:
+            loaded = load_spec(spec)
+        except SpecError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the user's module raised (a SyntaxError included)
+            return _errored(self.result_type, "import", error, {self.key: spec.text})
+        return self.run(args, spec, loaded)
 
 
 def _tolerance(args: argparse.Namespace) -> ToleranceComparison | None:
@@ -78,13 +91,10 @@ def _tolerance(args: argparse.Namespace) -> ToleranceComparison | None:
     return ToleranceComparison(rtol=args.rtol or 0.0, atol=args.atol or 0.0)
 
 
-def _run_resume(args: argparse.Namespace) -> Result:
+def _run_resume(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
     from trainparity._resume import check_resume
 
-    loaded = _load(args.recipe, "package.module:ClassName", ResumeResult)
-    if isinstance(loaded, Result):
-        return loaded
-    return check_resume(args.recipe, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
+    return check_resume(spec.text, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
                         seed=args.seed, isolation=args.isolation, timeout=args.timeout)
 
 
@@ -99,36 +109,26 @@ def _microbatches(text: str) -> int | tuple[int, ...]:
     return values[0] if len(values) == 1 else values
 
 
-def _run_accumulation(args: argparse.Namespace) -> Result:
+def _run_accumulation(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
     from trainparity._accumulation import check_accumulation
 
-    loaded = _load(args.recipe, "package.module:ClassName", AccumulationResult)
-    if isinstance(loaded, Result):
-        return loaded
-    return check_accumulation(args.recipe, microbatches=args.microbatches, cycles=args.cycles,
+    return check_accumulation(spec.text, microbatches=args.microbatches, cycles=args.cycles,
                               comparison=_tolerance(args), seed=args.seed, precision=args.precision,
                               disable_dropout=not args.keep_dropout, batch_dependent=args.batch_dependent,
                               isolation=args.isolation, timeout=args.timeout)
 
 
-def _run_data_parallel(args: argparse.Namespace) -> Result:
+def _run_data_parallel(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
     from trainparity._data_parallel import check_data_parallel
 
-    loaded = _load(args.recipe, "package.module:ClassName", DataParallelResult)
-    if isinstance(loaded, Result):
-        return loaded
-    return check_data_parallel(args.recipe, world_size=args.world_size, backend=args.backend, steps=args.steps,
+    return check_data_parallel(spec.text, world_size=args.world_size, backend=args.backend, steps=args.steps,
                                comparison=_tolerance(args), seed=args.seed, precision=args.precision,
                                timeout=args.timeout, isolation=args.isolation)
 
 
-def _run_coverage(args: argparse.Namespace) -> Result:
+def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
     from trainparity._coverage import check_coverage
 
-    loaded = _load(args.function, "package.module:function", CoverageResult, "function")
-    if isinstance(loaded, Result):
-        return loaded
-    spec, function = loaded
     if not callable(function):
         raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
     try:
@@ -157,16 +157,16 @@ def _require_writable(path: pathlib.Path) -> None:
     raise UsageError(f"cannot write --json {path}: {why}; pass a path in an existing, writable directory")
 
 
-def _command(commands: Any, name: str, summary: str, run: Callable[[argparse.Namespace], Result]) -> _Parser:
+def _command(commands: Any, name: str, summary: str, command: Command) -> _Parser:
     parser: _Parser = commands.add_parser(name, help=summary, description=summary, epilog=EXIT_STATUS_HELP,
                                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.set_defaults(run=run)
+    parser.set_defaults(command_run=command)
     return parser
 
 
 def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], default_isolation: str) -> None:
     add = parser.add_argument
-    add("recipe", help=RECIPE_HELP)
+    add("spec", metavar="recipe", help=RECIPE_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
     add("--rtol", type=float, metavar="R",
         help="declared relative tolerance (default: exact, or float64 mode's fixed tolerance where that applies)")
@@ -194,14 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     resume = _command(commands, "resume", "resume equivalence: save, exit, load in a fresh process and continue "
-                      "like uninterrupted training", _run_resume)
+                      "like uninterrupted training", Command(_run_resume, ResumeResult))
     _recipe_options(resume, ("process", "spawn", "inprocess"), "process")
     resume.add_argument("--steps", type=int, default=6, help="steps of training compared (default: 6)")
     resume.add_argument("--resume-at", type=int, default=None, metavar="K",
                         help="the step after which the run saves, exits and resumes (default: steps // 2)")
 
     accumulation = _command(commands, "accumulation", "accumulation equivalence: k micro-batches of accumulation "
-                            "against one full-batch step", _run_accumulation)
+                            "against one full-batch step", Command(_run_accumulation, AccumulationResult))
     _recipe_options(accumulation, ("inprocess", "process", "spawn"), "inprocess")
     add = accumulation.add_argument
     add("--microbatches", type=_microbatches, default=4, metavar="K|N,N,...",
@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
              "in eval mode to judge the loop alone")
 
     parallel = _command(commands, "data-parallel", "data-parallel equivalence: real torch.distributed ranks "
-                        "against the same recipe in a world of size 1", _run_data_parallel)
+                        "against the same recipe in a world of size 1", Command(_run_data_parallel, DataParallelResult))
     _recipe_options(parallel, ("process", "spawn"), "process; spawn for nccl")
     add = parallel.add_argument
     add("--world-size", type=int, default=2, help="number of ranks (default: 2)")
@@ -223,10 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     _precision_option(parallel)
 
     coverage = _command(commands, "coverage", "sample coverage: audit the sample IDs ranks read against a policy",
-                        _run_coverage)
+                        Command(_run_coverage, CoverageResult, "package.module:function", "function"))
     add = coverage.add_argument
-    add("function", help="package.module:function or path/to/file.py:function, optionally with literal arguments, "
-                         "returning (ranks, policy) or (ranks, policy, sample_ids): the arguments of tp.check_coverage")
+    add("spec", metavar="function",
+        help="package.module:function or path/to/file.py:function, optionally with literal arguments, returning "
+             "(ranks, policy) or (ranks, policy, sample_ids): the arguments of tp.check_coverage")
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
     add("--max-violations", type=int, default=None, metavar="N",
         help="list at most N violations (default: 1,000,000; the notes count them all)")
@@ -236,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = f"python -m trainparity {args.command}"
-    run: Callable[[argparse.Namespace], Result] = args.run
+    run: Command = args.command_run
     try:
         if args.json is not None:
             _require_writable(args.json)
