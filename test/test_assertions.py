@@ -27,12 +27,14 @@ PAIRS: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
     (tp.assert_accumulation_equivalent, tp.check_accumulation),
     (tp.assert_coverage, tp.check_coverage),
     (tp.assert_data_parallel_equivalent, tp.check_data_parallel),
+    (tp.assert_resume_script_equivalent, tp.check_resume_script),
 ]
 METHODS = {
     tp.assert_resume_equivalent: tp.TestCase.assertResumeEquivalent,
     tp.assert_accumulation_equivalent: tp.TestCase.assertAccumulationEquivalent,
     tp.assert_coverage: tp.TestCase.assertCoverage,
     tp.assert_data_parallel_equivalent: tp.TestCase.assertDataParallelEquivalent,
+    tp.assert_resume_script_equivalent: tp.TestCase.assertResumeScriptEquivalent,
 }
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pathlib
+import subprocess
 import sys
 
 import pytest
 
 import trainparity as tp
 from trainparity import probe
-from trainparity._script import _hook, check_resume_script
+from trainparity._script import _hook
+
+check_resume_script = tp.check_resume_script
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"
 
@@ -73,3 +76,12 @@ def test_the_probe_does_nothing_outside_a_check() -> None:
 def test_bad_arguments_are_refused_at_the_call(arguments: dict[str, object], error: type[Exception]) -> None:
     with pytest.raises(error):
         check_resume_script(**arguments)  # type: ignore[arg-type]
+
+
+def test_the_command_line_form_exits_1_on_a_fail() -> None:
+    command = f"{sys.executable} {SCRIPT} --out_dir {{workdir}} --fault prefetch_lost"
+    done = subprocess.run([sys.executable, "-m", "trainparity", "resume-script", "--steps", "6", "--resume-at", "3",
+                           "--run", command, "--resume", command + " --init_from resume", "--timeout", "120"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cause: data_skipped" in done.stdout

@@ -11,7 +11,7 @@ import torch
 
 import trainparity as tp
 from trainparity._compare import EXACT, compare_snapshots
-from trainparity._snapshot import snapshot_state
+from trainparity._snapshot import snapshot_rng, snapshot_state
 
 
 class Counter:
@@ -60,7 +60,7 @@ def test_snapshot_paths() -> None:
     } <= paths
     assert not any(path.startswith(("loader.dataset", "loader.sampler.data_source")) for path in paths)
     assert not any(path.startswith("rng.") for path in paths)
-    assert {"rng.torch", "rng.numpy", "rng.python"} <= set(snapshot_state(state, rng=True))
+    assert {"rng.torch", "rng.numpy", "rng.python"} <= set(snapshot_rng())
 
 
 def test_save_and_load_restore_every_component(tmp_path: pathlib.Path) -> None:
@@ -68,14 +68,14 @@ def test_save_and_load_restore_every_component(tmp_path: pathlib.Path) -> None:
     train_a_little(state)
     random.random()
     np.random.rand()
-    saved = snapshot_state(state, rng=True)
+    saved = {**snapshot_state(state), **snapshot_rng()}
     tp.save_state(state, tmp_path / "checkpoint")
     torch.manual_seed(99)
     fresh = make_state()
     ema = fresh.ema
     loaded = tp.load_state(fresh, tmp_path / "checkpoint")
     assert loaded is fresh and fresh.ema is ema  # tensors are restored in place
-    assert [m.path for m in compare_snapshots(saved, snapshot_state(fresh, rng=True), EXACT)] == []
+    assert [m.path for m in compare_snapshots(saved, {**snapshot_state(fresh), **snapshot_rng()}, EXACT)] == []
 
 
 def test_checkpoint_needs_no_unpickling(tmp_path: pathlib.Path) -> None:

@@ -245,9 +245,11 @@ def sigterm(isolation: str) -> Row:
     left = still_running(recipes.recorded_pids(pids), grace=3.0) + marked_processes()
     files = leftover_files()
     clear_leftovers()
-    problem = "; ".join(p for p, bad in (("did not exit with 143 (SIGTERM)", code != 128 + signal.SIGTERM), ("left running", left),
-                                         ("files left", files)) if bad) or None
-    return Row("resume", isolation, "parent", "SIGTERM", f"exit {code}", "", len(left), files, None, None, problem)
+    failures = (("did not exit with 143 (SIGTERM)", code != 128 + signal.SIGTERM), ("left running", bool(left)),
+                ("files left", bool(files)))
+    problem = "; ".join(p for p, bad in failures if bad) or None
+    return Row("resume", isolation, "parent", "SIGTERM", f"exit {code}", "", len(left), files, None, None,
+               problem)
 
 
 def leak_loop(checks: int) -> Row:

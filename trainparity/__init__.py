@@ -5,6 +5,7 @@ A thin public namespace over private modules; importing it starts no process.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from trainparity import probe
 from trainparity._accumulation import check_accumulation
 from trainparity._assertions import (
     RecipeError,
@@ -12,6 +13,7 @@ from trainparity._assertions import (
     assert_coverage,
     assert_data_parallel_equivalent,
     assert_resume_equivalent,
+    assert_resume_script_equivalent,
 )
 from trainparity._compare import ExactComparison, ToleranceComparison
 from trainparity._coverage import (
@@ -38,6 +40,7 @@ from trainparity._result import (
     Violation,
 )
 from trainparity._resume import check_resume
+from trainparity._script import check_resume_script
 from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
 from trainparity._testing import TestCase, TrainParityMixin
@@ -72,11 +75,14 @@ __all__ = [
     "assert_coverage",
     "assert_data_parallel_equivalent",
     "assert_resume_equivalent",
+    "assert_resume_script_equivalent",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
     "check_resume",
+    "check_resume_script",
     "load_state",
+    "probe",
     "save_state",
     "split_batch",
     "strategies",

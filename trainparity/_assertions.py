@@ -14,8 +14,9 @@ import builtins
 import contextvars
 import dataclasses
 import functools
+import os
 import unittest
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NoReturn, TypeAlias, TypeVar
 
 from trainparity._accumulation import check_accumulation
@@ -35,6 +36,7 @@ from trainparity._result import (
     ResumeResult,
 )
 from trainparity._resume import check_resume
+from trainparity._script import Command, check_resume_script
 from trainparity._session import Isolation, Precision
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
@@ -151,6 +153,27 @@ def assert_resume_equivalent(
     validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
     result = check_resume(recipe, steps=steps, resume_at=resume_at, comparison=comparison, seed=seed,
                           isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_resume_script_equivalent(
+    command: Command,
+    resume_command: Command,
+    *,
+    steps: int = 6,
+    resume_at: int = 3,
+    comparison: Comparison | None = None,
+    timeout: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> ResumeResult:
+    """`tp.check_resume_script(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_resume_script(command, resume_command, steps=steps, resume_at=resume_at, comparison=comparison,
+                                 timeout=timeout, env=env, cwd=cwd)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

@@ -143,6 +143,13 @@ def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Res
                           max_violations=args.max_violations)
 
 
+def _run_resume_script(args: argparse.Namespace) -> Result:
+    from trainparity._script import check_resume_script
+
+    return check_resume_script(args.run, args.resume, steps=args.steps, resume_at=args.resume_at,
+                               comparison=_tolerance(args), timeout=args.timeout)
+
+
 def _require_writable(path: pathlib.Path) -> None:
     """Refuse a --json path that cannot be written before the check runs, not after."""
     directory = path.parent
@@ -222,6 +229,25 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=3, help="steps of training compared (default: 3)")
     _precision_option(parallel)
 
+    script = commands.add_parser(
+        "resume-script", help="resume equivalence of an unmodified training script, run as real processes",
+        description="resume equivalence of an unmodified training script: two uninterrupted runs, one ended by a "
+        "real exit right after the script's own first checkpoint at or after --resume-at, and --resume continuing "
+        "from it", epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    script.set_defaults(command_run=_run_resume_script)
+    add = script.add_argument
+    add("--run", required=True, metavar="COMMAND",
+        help="the command that trains from scratch, split like a shell; {workdir} is a fresh directory per run "
+             "chain (the interrupted and the resumed run share one)")
+    add("--resume", required=True, metavar="COMMAND", help="the command that continues from the checkpoint")
+    add("--steps", type=int, default=6, help="optimizer steps compared (default: 6)")
+    add("--resume-at", type=int, default=3, metavar="K",
+        help="the run is ended after the script's first checkpoint at or after optimizer step K (default: 3)")
+    add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
+    add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
+    add("--timeout", type=float, default=600.0, metavar="S", help="seconds each run may take (default: 600)")
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+
     coverage = _command(commands, "coverage", "sample coverage: audit the sample IDs ranks read against a policy",
                         Command(_run_coverage, CoverageResult, "package.module:function", "function"))
     add = coverage.add_argument
@@ -237,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = f"python -m trainparity {args.command}"
-    run: Command = args.command_run
+    run: Callable[[argparse.Namespace], Result] = args.command_run
     try:
         if args.json is not None:
             _require_writable(args.json)

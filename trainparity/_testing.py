@@ -22,6 +22,7 @@ from trainparity._assertions import (
     assert_data_parallel_equivalent,
     assert_passed,
     assert_resume_equivalent,
+    assert_resume_script_equivalent,
 )
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
@@ -73,6 +74,7 @@ class TrainParityMixin:
 
     assertTrainParity = _method(assert_passed)
     assertResumeEquivalent = _method(assert_resume_equivalent)
+    assertResumeScriptEquivalent = _method(assert_resume_script_equivalent)
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)
