@@ -350,7 +350,8 @@ def judge_data_parallel(
                 unsynchronized = True
                 add(_violation("gradient_mismatch", "gradients", m, step, rank, "grads_not_synchronized",
                                f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not "
-                               "all-reduced (a model used without its DDP wrapper, or no_sync() at the step?)."),
+                               "all-reduced (a model used without its DDP wrapper, parameters left outside "
+                               "fully_shard, or no_sync() at the step?)."),
                     first.gradients.get(m.path), other.gradients.get(m.path))
         step_cause = "grads_not_synchronized" if unsynchronized else None
         for m in compare_snapshots(expected.gradients, first.gradients, comparison):
@@ -435,8 +436,11 @@ def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds])
 
     The coverage audit judges `ExactlyOnce(the reference's batch)` over the ranks' IDs (one
     finding per offending sample, in observation order, then the samples no rank read); its
-    findings are told here in data-parallel terms.
+    findings are told here in data-parallel terms. Ranks that all read the whole batch are a
+    tensor-parallel group (its ranks compute one model on the same data): nothing to judge.
     """
+    if all(sorted(map(str, ids)) == sorted(map(str, expected)) for ids in ranks):
+        return []
     if len(set(expected)) != len(expected):
         return _multiset_shard_violations(step, expected, ranks)
     audit = check_coverage({rank: [ids] for rank, ids in enumerate(ranks)}, policy=ExactlyOnce(expected))

@@ -21,6 +21,18 @@ from typing import Any
 
 import torch
 
+
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole value of a tensor: a sharded or replicated `DTensor` is gathered (a collective every
+    rank makes in the same order, as they walk the same State); other tensors are returned as they are.
+    The result may be the live tensor itself: snapshots copy it."""
+    full_tensor = getattr(tensor, "full_tensor", None)  # DTensor's, without importing torch.distributed
+    if callable(full_tensor):
+        whole: torch.Tensor = full_tensor()
+        return whole
+    return tensor
+
+
 #: tensors of more bytes than this are digested where digests are asked for; smaller ones travel whole
 DIGEST_ABOVE_BYTES = 64 * 1024
 _ROW_WORDS = 64
@@ -49,7 +61,7 @@ def is_wire_digest(value: object) -> bool:
 
 def digest(tensor: torch.Tensor) -> Digest:
     """The digest of `tensor`'s values (read in place: no copy of a contiguous CPU tensor)."""
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    flat = gathered(tensor).detach().to("cpu").contiguous().reshape(-1)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     raw = flat.view(torch.uint8)

@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from trainparity._digest import gathered
 from trainparity._state import State, parameter_names, rng_fingerprint, state_objects, unwrap_module
 
 #: the clipping functions users call, by the name reports use
@@ -67,7 +68,7 @@ def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor 
     """A detached CPU copy of a gradient (dense), divided by the scale that still multiplies it."""
     if tensor is None:
         return None
-    copy = tensor.detach().to("cpu", copy=True)
+    copy = gathered(tensor).detach().to("cpu", copy=True)
     if copy.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)) compare as dense values
         copy = copy.to_dense()
     return copy / scale if scale is not None else copy

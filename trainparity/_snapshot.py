@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trainparity._compare import Leaf, Snapshot
-from trainparity._digest import DIGEST_ABOVE_BYTES, digest, digestible
+from trainparity._digest import DIGEST_ABOVE_BYTES, digest, digestible, gathered
 from trainparity._state import State, capture_rng, entry_components, parameter_names
 
 
@@ -48,7 +48,7 @@ def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = 
 
 def to_leaf(value: Any) -> Leaf:
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return gathered(value).detach().to("cpu", copy=True)
     if isinstance(value, torch.Generator):
         return value.get_state()
     if isinstance(value, np.ndarray):
