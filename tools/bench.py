@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel,wire}`.
+"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel,wire,scale}`.
 
 Speed goals live here, never in timed unit tests. Each benchmark prints its figures and,
 where a goal is a ratio, the reference measured in the same run.
@@ -7,10 +7,13 @@ where a goal is a ratio, the reference measured in the same run.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def torch_import_seconds(repeats: int = 3) -> float:
@@ -72,7 +75,6 @@ def bench_accumulation(args: argparse.Namespace) -> None:
     shapes), then the median of 10 more with torch's default intra-op threads and with one thread:
     on a busy machine, threads that wait for a core dominate a model this small.
     """
-    import os
     import statistics
 
     import torch
@@ -120,7 +122,6 @@ def bench_coverage(args: argparse.Namespace) -> None:
     0's shard; `max_violations=1000`, so building Violation objects does not dominate), and for the same input a
     plain Python set/dict reference audit (same semantics, Python ints already extracted).
     """
-    import os
     import statistics
     import tracemalloc
 
@@ -266,7 +267,6 @@ def bench_data_parallel(args: argparse.Namespace) -> None:
     fork server). Warm: the median of the next 7 checks in that interpreter.
     """
     import json
-    import os
     import tempfile
 
     reference = torch_import_seconds()
@@ -331,10 +331,316 @@ def bench_wire(args: argparse.Namespace) -> None:
 BENCHMARKS["wire"] = bench_wire
 
 
+#: the parts of `bench.py scale`, each runnable alone with --only
+SCALE_PARTS = ("mlp", "gpt", "steps", "accumulation")
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+MB = 1e6
+
+
+class PeakRSS:
+    """This process's peak resident set size over a `with` block, in bytes (`peak`; `before`: the RSS at entry).
+
+    The kernel's high-water mark, VmHWM, reset at entry by writing 5 to /proc/self/clear_refs; where that
+    file cannot be written, VmRSS sampled every 5 ms by a thread (which can miss a peak shorter than that).
+    """
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.before = self.peak = 0
+        self._sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    @staticmethod
+    def _status(field: str) -> int:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"/proc/self/status has no {field}")
+
+    def _sample(self) -> None:
+        while not self._sampling.wait(0.005):
+            self.peak = max(self.peak, self._status("VmRSS"))
+
+    def __enter__(self) -> PeakRSS:
+        self.before = self.peak = self._status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as clear_refs:
+                clear_refs.write("5")
+            self.method = "VmHWM after resetting it through /proc/self/clear_refs"
+        except OSError:
+            self.method = "VmRSS sampled every 5 ms"
+            self._sampler = threading.Thread(target=self._sample, daemon=True)
+            self._sampler.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._sampler is None:
+            self.peak = self._status("VmHWM")
+        else:
+            self._sampling.set()
+            self._sampler.join()
+            self.peak = max(self.peak, self._status("VmRSS"))
+
+
+def _scale_recipe(part: str, **overrides: int) -> Any:
+    import bench_recipes
+
+    if part == "mlp":  # 16.8 M parameters: 1024 -> 4 x 2048 -> 1024
+        return bench_recipes.MLP(inputs=1024, width=2048, hidden=4, outputs=1024, batch=64, **overrides)
+    if part == "gpt":  # 124 M parameters: 12 layers of width 768, 50,304 tokens, 64 positions, batch 2
+        return bench_recipes.GPT(**overrides)
+    if part == "steps":  # 1.1 M parameters: 32 -> 2 x 1024 -> 1
+        return bench_recipes.MLP(inputs=32, width=1024, hidden=2, outputs=1, batch=32, **overrides)
+    assert part == "accumulation"  # 3.2 M parameters: 16 -> 4 x 1024 -> 16
+    return bench_recipes.MLP(inputs=16, width=1024, hidden=4, outputs=16, batch=64, **overrides)
+
+
+def _warm_up() -> None:
+    """What the fork server does before its first child: import torch and trainparity, step a small AdamW."""
+    import torch
+
+    import trainparity  # noqa: F401
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+
+
+def _seed(seed: int) -> None:
+    """The seeding the checks do before each run's setup() or load()."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _train(recipe: Any, state: Any, steps: int) -> None:
+    batches = iter(recipe.batches(state))
+    for _ in range(steps):
+        recipe.step(state, next(batches))
+
+
+def _plain_resume_runs(part: str, steps: int, resume_at: int) -> dict[str, float]:
+    """The resume check's four runs trained one after another in this (warm) process, without any check."""
+    import pathlib
+    import tempfile
+
+    recipe = _scale_recipe(part)
+    _warm_up()
+    with tempfile.TemporaryDirectory() as directory:
+        checkpoint = pathlib.Path(directory) / "checkpoint"
+        start = time.perf_counter()
+        _seed(0)  # interrupted: 1..resume_at, then save
+        state = recipe.setup()
+        _train(recipe, state, resume_at)
+        recipe.save(state, checkpoint)
+        for resumed in (False, True, False):  # baseline 1..steps; resumed from the checkpoint; baseline repeat
+            del state
+            _seed(0)
+            state = recipe.load(checkpoint) if resumed else recipe.setup()
+            _train(recipe, state, steps - resume_at if resumed else steps)
+        seconds = time.perf_counter() - start
+    return {"plain": seconds}
+
+
+def _resume_check(recipe: Any, steps: int, resume_at: int, errors: list[str]) -> tuple[float, PeakRSS]:
+    import trainparity as tp
+
+    with PeakRSS() as rss:
+        start = time.perf_counter()
+        result = tp.check_resume(recipe, steps=steps, resume_at=resume_at, timeout=3600.0)
+        seconds = time.perf_counter() - start
+    if result.outcome is not tp.Outcome.PASS:  # a correct recipe: the figures would not be the check's cost
+        errors.append(f"check_resume(steps={steps}, resume_at={resume_at}) is {result.outcome.name}:\n"
+                      f"{result.report()[:3000]}")
+    return seconds, rss
+
+
+def _checked_resume(part: str, steps: int, resume_at: int) -> dict[str, Any]:
+    """A cold check_resume (it starts the fork server), then the warm one measured: wall time, parent RSS."""
+    recipe = _scale_recipe(part)
+    errors: list[str] = []
+    cold, _ = _resume_check(recipe, steps, resume_at, errors)
+    warm, rss = _resume_check(recipe, steps, resume_at, errors)
+    return {"cold": cold, "warm": warm, "before": rss.before, "peak": rss.peak, "method": rss.method,
+            "errors": errors}
+
+
+def _checked_steps() -> dict[str, Any]:
+    """Parent peak RSS of check_resume at 6 and at 50 steps (after a cold 6-step check)."""
+    recipe = _scale_recipe("steps")
+    errors: list[str] = []
+    _resume_check(recipe, 6, 3, errors)
+    figures: dict[str, Any] = {"errors": errors}
+    for steps in (6, 50):
+        seconds, rss = _resume_check(recipe, steps, steps // 2, errors)
+        figures[f"seconds_{steps}"], figures[f"peak_{steps}"], figures["method"] = seconds, rss.peak, rss.method
+    return figures
+
+
+def _accumulation() -> dict[str, Any]:
+    """check_accumulation (k=4, cycles=2; first and second call) against plain training of the same steps."""
+    import torch
+
+    import trainparity as tp
+
+    recipe, k, cycles = _scale_recipe("accumulation"), 4, 2
+    _warm_up()
+
+    def plain(dtype: torch.dtype) -> float:
+        """The check's two runs as training: `cycles` full-batch steps, then `cycles` windows of k micro-batches."""
+        start = time.perf_counter()
+        for accumulation_steps in (1, k):
+            _seed(0)
+            trainer = _scale_recipe("accumulation", accumulation_steps=accumulation_steps)
+            state = trainer.setup()
+            state.model.to(dtype)
+            batches = iter(trainer.batches(state))
+            for _ in range(cycles):
+                batch = tuple(part.to(dtype) if part.is_floating_point() else part for part in next(batches))
+                for micro in tp.split_batch(batch, k) if accumulation_steps > 1 else [batch]:
+                    trainer.step(state, micro)
+        return time.perf_counter() - start
+
+    errors: list[str] = []
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        result = tp.check_accumulation(recipe, microbatches=k, cycles=cycles)
+        times.append(time.perf_counter() - start)
+        if result.outcome is not tp.Outcome.PASS:
+            errors.append(f"check_accumulation is {result.outcome.name}:\n{result.report()[:3000]}")
+    return {"plain": plain(torch.float32), "plain_float64": plain(torch.float64), "cold": times[0],
+            "warm": times[1], "errors": errors}
+
+
+def scale_probe(name: str) -> None:
+    """Run one measurement of `bench.py scale` in this process (a fresh interpreter) and print it as JSON."""
+    import json
+
+    kind, _, part = name.partition(":")
+    if kind == "plain":
+        figures: dict[str, Any] = _plain_resume_runs(part, 6, 3)
+    elif kind == "check":
+        figures = _checked_resume(part, 6, 3)
+    elif kind == "steps":
+        figures = _checked_steps()
+    else:
+        assert kind == "accumulation"
+        figures = _accumulation()
+    print(json.dumps(figures))
+
+
+def _run_probe(name: str) -> dict[str, Any]:
+    """`scale_probe(name)` in a new interpreter whose sys.path holds tools/, so that the checks' children import
+    bench_recipes by name; its stderr passes through."""
+    import json
+
+    code = f"import sys; sys.path.insert(0, {TOOLS!r}); import bench; bench.scale_probe({name!r})"
+    done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {name} probe exited with status {done.returncode}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def bench_scale(args: argparse.Namespace) -> None:
+    """Checks on models of 16.8 M and 124 M parameters: time against plain training, and the parent's memory.
+
+    Each measurement runs in a fresh interpreter (`scale_probe`), so that no part inherits another's memory:
+    - mlp, gpt: the resume check's four runs (interrupted 1..3 and save, baseline 1..6, resumed 4..6 from the
+      checkpoint, baseline repeat 1..6) trained one after another in one warm process without any check;
+      in another process a first check_resume(steps=6, resume_at=3), then the warm one timed, with the
+      parent's peak RSS during it;
+    - steps: the parent's peak RSS during check_resume of a 1.1 M-parameter MLP at 50 steps against 6;
+    - accumulation: check_accumulation of a 3.2 M-parameter MLP (k=4, cycles=2) against plain training of the
+      same forward/backward/optimizer steps in one process.
+    Targets are reported, not enforced; the exit status is non-zero when a probe fails or a check on these
+    correct recipes does not PASS.
+    """
+    parts = args.only or list(SCALE_PARTS)
+    rows: list[tuple[str, str, str, str]] = []  # part, figure, value, target (with pass/FAIL)
+    errors: list[str] = []
+    method = ""
+
+    def target(value: float, limit: float, text: str) -> str:
+        return f"{text} {'pass' if value <= limit else 'FAIL'}"
+
+    print(f"scale benchmark: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; parts: {', '.join(parts)}",
+          flush=True)
+    for part in parts:
+        try:
+            if part in ("mlp", "gpt"):
+                label = {"mlp": "MLP 16.8M", "gpt": "GPT 124M"}[part]
+                plain = _run_probe(f"plain:{part}")["plain"]
+                check = _run_probe(f"check:{part}")
+                errors += check["errors"]
+                method = check["method"]
+                ratio = check["warm"] / plain
+                limit = {"mlp": 1000 * MB, "gpt": 2000 * MB}[part]
+                rows += [
+                    (label, "plain training of the check's 4 runs (18 steps, save, load)", f"{plain:.2f} s", ""),
+                    (label, "first check_resume(steps=6, resume_at=3), cold", f"{check['cold']:.2f} s", ""),
+                    (label, "warm check_resume (second call)", f"{check['warm']:.2f} s", ""),
+                    (label, "warm check / plain training", f"{ratio:.2f}x", target(ratio, 1.5, "<= 1.5x")),
+                    (label, "parent RSS before the warm check", f"{check['before'] / MB:.0f} MB", ""),
+                    (label, "parent peak RSS during the warm check", f"{check['peak'] / MB:.0f} MB",
+                     target(check["peak"], limit, f"<= {limit / MB:.0f} MB")),
+                ]
+            elif part == "steps":
+                steps = _run_probe("steps")
+                errors += steps["errors"]
+                method = steps["method"]
+                growth = steps["peak_50"] / steps["peak_6"]
+                rows += [
+                    ("MLP 1.1M", "parent peak RSS, check_resume 6 steps", f"{steps['peak_6'] / MB:.0f} MB", ""),
+                    ("MLP 1.1M", "parent peak RSS, check_resume 50 steps", f"{steps['peak_50'] / MB:.0f} MB", ""),
+                    ("MLP 1.1M", "50 steps / 6 steps", f"{growth:.3f}x", target(growth, 1.1, "<= 1.10x")),
+                ]
+            else:
+                accumulation = _run_probe("accumulation")
+                errors += accumulation["errors"]
+                ratio = accumulation["warm"] / accumulation["plain"]
+                rows += [
+                    ("MLP 3.2M", "plain training, float32 (2 steps, 2 windows of 4)", f"{accumulation['plain']:.3f} s",
+                     ""),
+                    ("MLP 3.2M", "plain training, float64 (the check's default)",
+                     f"{accumulation['plain_float64']:.3f} s", ""),
+                    ("MLP 3.2M", "first check_accumulation(k=4, cycles=2)", f"{accumulation['cold']:.3f} s", ""),
+                    ("MLP 3.2M", "second check_accumulation", f"{accumulation['warm']:.3f} s", ""),
+                    ("MLP 3.2M", "second check / plain float32", f"{ratio:.2f}x", target(ratio, 2, "<= 2x")),
+                ]
+        except (RuntimeError, ValueError, KeyError) as error:  # a probe that failed: reported, and the exit fails
+            errors.append(f"{part}: {error}")
+    if method:
+        print(f"parent peak RSS: {method}")
+    widths = [max(len(row[i]) for row in rows) for i in range(4)] if rows else []
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    sys.stdout.flush()
+    for message in errors:
+        print(f"ERROR: {message}", file=sys.stderr)
+    if errors:
+        raise SystemExit(1)
+
+
+BENCHMARKS["scale"] = bench_scale
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    parser.add_argument("--only", action="append", choices=SCALE_PARTS,
+                        help="scale: run only this part (repeatable)")
     args = parser.parse_args()
+    if args.only and args.benchmark != "scale":
+        parser.error("--only applies to the scale benchmark")
     BENCHMARKS[args.benchmark](args)
 
 
