@@ -1,0 +1,117 @@
+"""The nccl and CUDA paths of the checks, on one machine with GPUs (run by tools/gpu_check.sh).
+
+Prints one line per check and exits 1 if a clean recipe does not PASS or a faulty one does not
+FAIL with its cause. Needs CUDA; the data-parallel part needs at least two GPUs (one per rank).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "test"), str(ROOT)]
+
+import trainparity as tp  # noqa: E402
+
+
+class CudaRegression(tp.Recipe):
+    """AdamW on a CUDA MLP with dropout (the rng.cuda stream); `forget_cuda_rng` loses it on load."""
+
+    def __init__(self, forget_cuda_rng: bool = False) -> None:
+        self.forget_cuda_rng = forget_cuda_rng
+
+    def setup(self) -> tp.State:
+        model = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.2), nn.Linear(64, 1)).cuda()
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), step=0)
+
+    def batches(self, state: tp.State) -> Any:
+        generator = torch.Generator().manual_seed(0)
+        data = torch.randn(256, 16, generator=generator)
+        index = state.step
+        while True:
+            ids = torch.arange(8) + 8 * (index % 32)
+            yield ids, data[ids].cuda()
+            index += 1
+
+    def sample_ids(self, batch: Any) -> torch.Tensor:
+        ids: torch.Tensor = batch[0]
+        return ids
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        loss = state.model(batch[1]).pow(2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        state.optimizer.step()
+        state.step += 1
+        return loss.detach()
+
+    def load(self, path: pathlib.Path) -> tp.State:
+        state = super().load(path)
+        if self.forget_cuda_rng:
+            torch.cuda.manual_seed_all(12345)
+        return state
+
+
+class CudaDDP(CudaRegression):
+    """The same model wrapped in DistributedDataParallel on cuda:<rank>; `no_ddp` leaves it unwrapped."""
+
+    def __init__(self, no_ddp: bool = False) -> None:
+        super().__init__()
+        self.no_ddp = no_ddp
+
+    def setup(self) -> tp.State:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        model: nn.Module = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)).cuda()
+        if not self.no_ddp:
+            model = DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=0)
+
+    def batches(self, state: tp.State) -> Any:
+        for ids, x in super().batches(state):
+            yield ids[self.rank::self.world], x[self.rank::self.world]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check")
+        return 1
+    failures = []
+
+    def expect(name: str, result: tp.Result, outcome: tp.Outcome, path: str | None = None) -> None:
+        first = result.first_violation
+        ok = result.outcome is outcome and (path is None or (first is not None and first.path == path))
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: {result.outcome.value}"
+              + (f" at {first.path}" if first is not None else ""), flush=True)
+        if not ok:
+            failures.append(result.report())
+
+    gpu_check = "gpu_check:CudaRegression"
+    expect("resume on CUDA, clean", tp.check_resume(gpu_check, isolation="spawn"), tp.Outcome.PASS)
+    expect("resume on CUDA, rng.cuda lost", tp.check_resume(f"{gpu_check}(forget_cuda_rng=True)",
+                                                             isolation="spawn"), tp.Outcome.FAIL, "rng.cuda")
+    expect("accumulation on CUDA", tp.check_accumulation(gpu_check, isolation="spawn", disable_dropout=True),
+           tp.Outcome.PASS)
+    gpus = torch.cuda.device_count()
+    if gpus >= 2:
+        expect("DDP on nccl, clean", tp.check_data_parallel("gpu_check:CudaDDP", world_size=2, backend="nccl"),
+               tp.Outcome.PASS)
+        expect("DDP on nccl, no DDP wrapper", tp.check_data_parallel("gpu_check:CudaDDP(no_ddp=True)",
+                                                                      world_size=2, backend="nccl"),
+               tp.Outcome.FAIL)
+    else:
+        print(f"skipped: DDP on nccl needs two GPUs, {gpus} visible")
+    for report in failures:
+        print(report)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
