@@ -28,6 +28,7 @@ PAIRS: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
     (tp.assert_coverage, tp.check_coverage),
     (tp.assert_data_parallel_equivalent, tp.check_data_parallel),
     (tp.assert_resume_script_equivalent, tp.check_resume_script),
+    (tp.assert_runs_equivalent, tp.check_runs_equivalent),
 ]
 METHODS = {
     tp.assert_resume_equivalent: tp.TestCase.assertResumeEquivalent,
@@ -35,6 +36,7 @@ METHODS = {
     tp.assert_coverage: tp.TestCase.assertCoverage,
     tp.assert_data_parallel_equivalent: tp.TestCase.assertDataParallelEquivalent,
     tp.assert_resume_script_equivalent: tp.TestCase.assertResumeScriptEquivalent,
+    tp.assert_runs_equivalent: tp.TestCase.assertRunsEquivalent,
 }
 
 

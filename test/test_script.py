@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -85,3 +86,32 @@ def test_the_command_line_form_exits_1_on_a_fail() -> None:
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cause: data_skipped" in done.stdout
+
+
+REFERENCE = [sys.executable, str(SCRIPT), "--out_dir", "{workdir}", "--double", "--eval_interval", "100",
+             "--batch", "4"]
+ACCUMULATED = [*REFERENCE[:-1], "2", "--grad_accum", "2"]
+TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)  # float64: the order of the sums is all that differs
+
+
+def test_accumulating_two_micro_batches_trains_like_the_whole_batch() -> None:
+    result = tp.check_runs_equivalent(REFERENCE, ACCUMULATED, steps=3, comparison=TOLERANCE, timeout=120)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
+    result = tp.check_runs_equivalent(REFERENCE, [*ACCUMULATED, "--fault", "loss_not_scaled"], steps=3,
+                                      comparison=TOLERANCE, timeout=120)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.step, first.cause) == ("loss", 1, "loss_not_scaled"), result.report()
+    assert {v.cause for v in result.violations if v.step == 1} == {"loss_not_scaled"}
+
+
+def test_equivalent_on_the_command_line_exits_1_on_a_fail() -> None:
+    done = subprocess.run([sys.executable, "-m", "trainparity", "equivalent", "--steps", "2", "--rtol", "1e-9",
+                           "--atol", "1e-12", "--reference", shlex.join(REFERENCE),
+                           "--candidate", shlex.join([*ACCUMULATED, "--fault", "loss_not_scaled"]),
+                           "--timeout", "120"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cause: loss_not_scaled" in done.stdout

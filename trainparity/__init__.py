@@ -14,6 +14,7 @@ from trainparity._assertions import (
     assert_data_parallel_equivalent,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
+    assert_runs_equivalent,
 )
 from trainparity._compare import ExactComparison, ToleranceComparison
 from trainparity._coverage import (
@@ -37,10 +38,12 @@ from trainparity._result import (
     Outcome,
     Result,
     ResumeResult,
+    RunsResult,
     Violation,
 )
 from trainparity._resume import check_resume
 from trainparity._script import check_resume_script
+from trainparity._script._equivalent import check_runs_equivalent
 from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
 from trainparity._testing import TestCase, TrainParityMixin
@@ -64,6 +67,7 @@ __all__ = [
     "RecipeError",
     "Result",
     "ResumeResult",
+    "RunsResult",
     "State",
     "TestCase",
     "ToleranceComparison",
@@ -76,11 +80,13 @@ __all__ = [
     "assert_data_parallel_equivalent",
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
+    "assert_runs_equivalent",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
     "check_resume",
     "check_resume_script",
+    "check_runs_equivalent",
     "load_state",
     "probe",
     "save_state",

@@ -34,9 +34,11 @@ from trainparity._result import (
     Outcome,
     Result,
     ResumeResult,
+    RunsResult,
 )
 from trainparity._resume import check_resume
 from trainparity._script import Command, check_resume_script
+from trainparity._script._equivalent import check_runs_equivalent
 from trainparity._session import Isolation, Precision
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
@@ -174,6 +176,26 @@ def assert_resume_script_equivalent(
     validate_options(msg, abstain)
     result = check_resume_script(command, resume_command, steps=steps, resume_at=resume_at, comparison=comparison,
                                  timeout=timeout, env=env, cwd=cwd)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_runs_equivalent(
+    reference: Command,
+    candidate: Command,
+    *,
+    steps: int,
+    comparison: Comparison | None = None,
+    timeout: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> RunsResult:
+    """`tp.check_runs_equivalent(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_runs_equivalent(reference, candidate, steps=steps, comparison=comparison, timeout=timeout,
+                                   env=env, cwd=cwd)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

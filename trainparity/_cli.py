@@ -150,6 +150,13 @@ def _run_resume_script(args: argparse.Namespace) -> Result:
                                comparison=_tolerance(args), timeout=args.timeout)
 
 
+def _run_equivalent(args: argparse.Namespace) -> Result:
+    from trainparity._script._equivalent import check_runs_equivalent
+
+    return check_runs_equivalent(args.reference, args.candidate, steps=args.steps, comparison=_tolerance(args),
+                                 timeout=args.timeout)
+
+
 def _require_writable(path: pathlib.Path) -> None:
     """Refuse a --json path that cannot be written before the check runs, not after."""
     directory = path.parent
@@ -243,6 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=6, help="optimizer steps compared (default: 6)")
     add("--resume-at", type=int, default=3, metavar="K",
         help="the run is ended after the script's first checkpoint at or after optimizer step K (default: 3)")
+    add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
+    add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
+    add("--timeout", type=float, default=600.0, metavar="S", help="seconds each run may take (default: 600)")
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+
+    equivalent = commands.add_parser(
+        "equivalent", help="two training commands that should train the same, compared optimizer step by step",
+        description="two training commands that should train the same (a refactor, another launcher, another "
+        "accumulation), compared optimizer step by step", epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    equivalent.set_defaults(command_run=_run_equivalent)
+    add = equivalent.add_argument
+    add("--reference", required=True, metavar="COMMAND",
+        help="the command that trains as it should, split like a shell; {workdir} is a fresh directory per run")
+    add("--candidate", required=True, metavar="COMMAND", help="the command that should train the same")
+    add("--steps", type=int, required=True, help="optimizer steps compared")
     add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
     add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
     add("--timeout", type=float, default=600.0, metavar="S", help="seconds each run may take (default: 600)")

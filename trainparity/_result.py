@@ -183,6 +183,10 @@ class DataParallelResult(Result):
     check: ClassVar[str] = "data_parallel"
 
 
+class RunsResult(Result):
+    check: ClassVar[str] = "runs_equivalent"
+
+
 def json_safe(value: Any) -> JsonValue:
     """Coerce a small value into JSON: numbers, strings, lists and string-keyed dicts."""
     if value is None or isinstance(value, (bool, int, str)):

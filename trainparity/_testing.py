@@ -23,6 +23,7 @@ from trainparity._assertions import (
     assert_passed,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
+    assert_runs_equivalent,
 )
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
@@ -75,6 +76,7 @@ class TrainParityMixin:
     assertTrainParity = _method(assert_passed)
     assertResumeEquivalent = _method(assert_resume_equivalent)
     assertResumeScriptEquivalent = _method(assert_resume_script_equivalent)
+    assertRunsEquivalent = _method(assert_runs_equivalent)
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)

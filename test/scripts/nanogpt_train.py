@@ -7,7 +7,9 @@ iterations and saves a checkpoint dict there, and resumes with `--init_from resu
 as in nanoGPT itself), `prefetch_lost` (the RNG is saved after the next batch was drawn, and
 the resumed run draws a new one: it skips a batch) or `eval_again` (the resumed run evaluates
 again at the iteration it resumes at, as nanoGPT's loop does, which draws its random batches
-a second time).
+a second time). `--batch` and `--grad_accum` cut each step's batch into micro-batches (the same
+samples for the same product); `--fault loss_not_scaled` forgets to divide the loss by
+`--grad_accum`. `--double` trains in float64.
 """
 
 import argparse
@@ -24,11 +26,15 @@ parser.add_argument("--out_dir", required=True)
 parser.add_argument("--init_from", default="scratch", choices=["scratch", "resume"])
 parser.add_argument("--max_iters", type=int, default=10)
 parser.add_argument("--eval_interval", type=int, default=3)
-parser.add_argument("--fault", default="none", choices=["none", "rng_not_saved", "prefetch_lost", "eval_again"])
+FAULTS = ["none", "rng_not_saved", "prefetch_lost", "eval_again", "loss_not_scaled"]
+parser.add_argument("--fault", default="none", choices=FAULTS)
+parser.add_argument("--batch", type=int, default=4)
+parser.add_argument("--grad_accum", type=int, default=1)
+parser.add_argument("--double", action="store_true")
 args = parser.parse_args()
 
 torch.manual_seed(1337)
-VOCAB, BLOCK, BATCH = 32, 8, 4
+VOCAB, BLOCK, BATCH = 32, 8, args.batch * args.grad_accum
 data = torch.randint(0, VOCAB, (512,), generator=torch.Generator().manual_seed(0))
 
 
@@ -66,7 +72,7 @@ def estimate_loss():
     return sum(losses) / len(losses)
 
 
-model = TinyLM()
+model = TinyLM().double() if args.double else TinyLM()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 iter_num = 0
 batch = None
@@ -99,9 +105,15 @@ while True:
     if iter_num >= args.max_iters:
         break
     probe.sample_ids(ix)
-    _, loss = model(X, Y)
-    X, Y, ix = get_batch()  # prefetch the next batch while this one trains
-    loss.backward()
+    for micro in range(args.grad_accum):
+        part = slice(micro * args.batch, (micro + 1) * args.batch)
+        _, loss = model(X[part], Y[part])
+        if args.fault != "loss_not_scaled":
+            loss = loss / args.grad_accum
+        if micro == args.grad_accum - 1:
+            X_next, Y_next, ix_next = get_batch()  # prefetch the next batch while this one trains
+        loss.backward()
+    X, Y, ix = X_next, Y_next, ix_next
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     iter_num += 1

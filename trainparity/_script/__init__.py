@@ -48,6 +48,32 @@ def _command(command: object, name: str) -> list[str]:
     return parts
 
 
+def _environment(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not (isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise TypeError("env= must map environment variable names to strings")
+    return dict(env)
+
+
+class _Runs:
+    """Jobs that run a command as a script under observation, one fresh directory per run chain."""
+
+    def __init__(self, root: pathlib.Path, timeout: float, env: dict[str, str], cwd: str | os.PathLike[str] | None):
+        self.root = root
+        self.timeout = timeout
+        self.env = env
+        self.cwd = str(pathlib.Path(cwd or os.getcwd()).resolve())
+
+    def job(self, phase: str, parts: list[str], chain: str, run: ScriptRun) -> Job:
+        (self.root / chain).mkdir(exist_ok=True)
+        words = tuple(part.replace(WORKDIR, str(self.root / chain)) for part in parts)
+        path = os.pathsep.join([str(SITE), str(PACKAGE_ROOT), *(p for p in sys.path if p)])
+        variables = {**self.env, ENVIRONMENT: run.to_json(), "PYTHONPATH": path}
+        return Job("", None, phase, self.timeout, decode=RunTrace.from_wire, command=words,
+                   env=tuple(variables.items()), cwd=self.cwd)
+
+
 def _validate(steps: object, resume_at: object) -> tuple[int, int]:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
         raise ValueError(f"steps= must be an int >= 2 (optimizer steps), got {steps!r}")
@@ -82,10 +108,7 @@ def check_resume_script(
     steps, resume_at = _validate(steps, resume_at)
     declared = resolve_comparison(comparison)
     timeout = validate_timeout(timeout)
-    if env is not None and not (isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str)
-                                                                for k, v in env.items())):
-        raise TypeError("env= must map environment variable names to strings")
-    directory = str(pathlib.Path(cwd or os.getcwd()).resolve())
+    variables = _environment(env)
     config: dict[str, Any] = {
         "command": shlex.join(run_command),
         "resume_command": shlex.join(continue_command),
@@ -95,14 +118,7 @@ def check_resume_script(
     }
     chains = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-script-"))
     try:
-        def job(phase: str, parts: list[str], chain: str, run: ScriptRun) -> Job:
-            (chains / chain).mkdir(exist_ok=True)
-            words = tuple(part.replace(WORKDIR, str(chains / chain)) for part in parts)
-            path = os.pathsep.join([str(SITE), str(PACKAGE_ROOT), *(p for p in sys.path if p)])
-            variables = {**(env or {}), ENVIRONMENT: run.to_json(), "PYTHONPATH": path}
-            return Job("", None, phase, timeout, decode=RunTrace.from_wire, command=words,
-                       env=tuple(variables.items()), cwd=directory)
-
+        job = _Runs(chains, timeout, variables, cwd).job
         first_runs = run_jobs([
             job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1)),
             job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),

@@ -33,8 +33,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from trainparity import _wire as wire
 from trainparity._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
 from trainparity._sample_ids import normalize_sample_ids
-from trainparity._snapshot import Digesting, snapshot_rng, snapshot_state
-from trainparity._state import State
+from trainparity._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
+from trainparity._state import State, parameter_names
 from trainparity._trace import Boundary, RunTrace, StepRecord
 
 #: the environment variable holding the run's `ScriptRun` as JSON
@@ -51,6 +51,8 @@ class ScriptRun:
     resume_at: int
     #: the number of the first optimizer step this run takes
     first: int
+    #: record the gradients at each optimizer step too (as `gradients.<param>` in the state)
+    gradients: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -74,6 +76,7 @@ class Recorder:
         self.ids: list[Any] = []
         self.losses: list[float] = []
         self.rng: dict[str, Any] = {}
+        self.gradients: dict[str, Any] = {}
         self.records: list[StepRecord] = []
         self.loaded: Boundary | None = None
         self.saved: Boundary | None = None
@@ -118,14 +121,27 @@ class Recorder:
         if self.run.mode == "resumed" and self.loaded is None:
             self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
         self.rng = snapshot_rng()
+        if self.run.gradients:
+            self.gradients = self._gradients()
+
+    def _gradients(self) -> dict[str, Any]:
+        """The gradients the optimizers are about to step on, by parameter name."""
+        names = parameter_names(self.state())
+        out: dict[str, Any] = {}
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                for parameter in group["params"]:
+                    if parameter.grad is not None and id(parameter) in names:
+                        flatten(f"gradients.{names[id(parameter)]}", parameter.grad, out, Digesting())
+        return out
 
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if optimizer is not self.clock or self.finished:
             return
         self.step += 1
         loss = sum(self.losses) if self.losses else None
-        self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss,
-                                       snapshot_state(self.state(), Digesting())))
+        state = {**self.gradients, **snapshot_state(self.state(), Digesting())}
+        self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss, state))
         self.ids, self.losses = [], []
         if self.run.mode != "interrupted" and self.step >= self.run.steps:
             self.finish()
