@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -80,11 +81,11 @@ def bench_accumulation(args: argparse.Namespace) -> None:
     import torch
 
     import trainparity as tp
-    from trainparity.quickstarts.accumulation import FLOAT32, Regression
+    from trainparity.quickstarts.accumulation import Regression
 
     def run() -> float:
         start = time.perf_counter()
-        result = tp.check_accumulation(Regression, microbatches=4, cycles=2, comparison=FLOAT32)
+        result = tp.check_accumulation(Regression, microbatches=4, cycles=2)
         elapsed = time.perf_counter() - start
         assert result.passed, result.report()
         return elapsed
@@ -286,6 +287,57 @@ def bench_data_parallel(args: argparse.Namespace) -> None:
 
 
 BENCHMARKS["data-parallel"] = bench_data_parallel
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def bench_script(args: argparse.Namespace) -> None:
+    """check_resume_script on the nanoGPT-shaped test script against one plain run of it (target <= 2.5x).
+
+    The check runs the script four times (two baselines and the interrupted run side by side, then the
+    resumed run), each paying the script's start-up: imports, data, model.
+    """
+    import tempfile
+
+    import trainparity as tp
+
+    script = ROOT / "test" / "scripts" / "nanogpt_train.py"
+    with tempfile.TemporaryDirectory() as directory:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, str(script), "--out_dir", directory, "--max_iters", "6"], check=True)
+        plain = time.perf_counter() - start
+    command = [sys.executable, str(script), "--out_dir", "{workdir}"]
+    start = time.perf_counter()
+    result = tp.check_resume_script(command, [*command, "--init_from", "resume"], steps=6, resume_at=3)
+    checked = time.perf_counter() - start
+    assert result.passed, result.report()
+    print(f"resume-script check of test/scripts/nanogpt_train.py, 6 steps, resume at 3; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"one plain run of the script (6 steps):  {plain:.2f} s")
+    print(f"check_resume_script:                     {checked:.2f} s = {checked / plain:.2f}x (target <= 2.5x)")
+
+
+BENCHMARKS["script"] = bench_script
+
+
+def bench_parallel(args: argparse.Namespace) -> None:
+    """Wall time of a 2-rank FSDP2 data-parallel check (test/parallel_recipes.py), cold and warm."""
+    sys.path.insert(0, str(ROOT / "test"))
+    from parallel_recipes import FSDPRecipe
+
+    import trainparity as tp
+
+    print(f"data-parallel check of a 2-rank FSDP2 recipe (gloo, CPU), 3 steps; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    for which in ("cold (starts the fork server)", "warm"):
+        start = time.perf_counter()
+        result = tp.check_data_parallel(FSDPRecipe(), world_size=2, steps=3)
+        assert result.passed, result.report()
+        print(f"{which}: {time.perf_counter() - start:.2f} s")
+    print("a resume check from 2 ranks to 1 does not exist yet (check_resume has no world_size)")
+
+
+BENCHMARKS["parallel"] = bench_parallel
 
 
 def bench_wire(args: argparse.Namespace) -> None:

@@ -10,6 +10,7 @@ by the same `judge_resume` as recipes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import shlex
@@ -119,22 +120,21 @@ def check_resume_script(
     chains = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-script-"))
     try:
         job = _Runs(chains, timeout, variables, cwd).job
-        first_runs = run_jobs([
-            job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1)),
+        handoff = str(chains / "saved-at")
+        # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
+        # exited, while the baselines run beside them.
+        outcomes = run_jobs([
+            job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1, handoff=handoff)),
             job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),
+            dataclasses.replace(job("resumed", continue_command, "resumed",
+                                    ScriptRun("resumed", steps, resume_at, 0, handoff=handoff)), after=0),
             job("baseline (repeat)", run_command, "repeat", ScriptRun("baseline", steps, resume_at, 1)),
         ], isolation="spawn", on_failure="later")
-        error = _error(first_runs, steps, resume_at)
+        error = _error(outcomes, steps, resume_at)
         if error is not None:
             return ResumeResult.errored(error, config)
-        interrupted, baseline, repeat = (o.output for o in first_runs)
+        interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
         saved_at = interrupted.steps[-1].step
-        resumed_run = run_jobs([job("resumed", continue_command, "resumed",
-                                    ScriptRun("resumed", steps, resume_at, saved_at + 1))], isolation="spawn")
-        error = _error(resumed_run, steps, resume_at)
-        if error is not None:
-            return ResumeResult.errored(error, config)
-        resumed = resumed_run[0].output
     finally:
         shutil.rmtree(chains, ignore_errors=True)
     notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
@@ -146,11 +146,11 @@ def check_resume_script(
 
 
 def _error(outcomes: Sequence[JobOutcome], steps: int, resume_at: int) -> ChildError | None:
-    """The failure of a run, or what a run that ended normally did not do."""
+    """The failure of the first run that failed or did not do its part (in the order of the runs)."""
     failed = first_error(outcomes)
-    if failed is not None:
-        return failed.error
     for outcome in outcomes:
+        if outcome.error is not None:
+            return failed.error if failed is not None else outcome.error
         trace: RunTrace = outcome.output
         taken = trace.steps[-1].step if trace.steps else 0
         if outcome.phase == "interrupted" and trace.saved is None:

@@ -49,10 +49,13 @@ class ScriptRun:
     mode: str
     steps: int
     resume_at: int
-    #: the number of the first optimizer step this run takes
+    #: the number of the first optimizer step this run takes; 0: one after the step at which the
+    #: interrupted run saved, read from `handoff`
     first: int
     #: record the gradients at each optimizer step too (as `gradients.<param>` in the state)
     gradients: bool = False
+    #: the file in which the interrupted run leaves the number of the step after which it saved
+    handoff: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -67,6 +70,9 @@ class Recorder:
         self.run = run
         self.workdir = workdir
         self.step = run.first - 1
+        if run.first == 0:
+            assert run.handoff is not None, "a resumed run without a first step reads it from the handoff"
+            self.step = int(pathlib.Path(run.handoff).read_text())
         self.clock: torch.optim.Optimizer | None = None
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[Any] = []
@@ -149,6 +155,8 @@ class Recorder:
     def after_save(self) -> None:
         if self.run.mode == "interrupted" and self.step >= self.run.resume_at and not self.finished:
             self.saved = Boundary(snapshot_state(self.state(), Digesting()), {})
+            if self.run.handoff is not None:
+                pathlib.Path(self.run.handoff).write_text(str(self.step))
             self.finish()
 
     def write(self) -> None:
