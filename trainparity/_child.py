@@ -54,6 +54,8 @@ class Request:
     job: str
     #: time.monotonic() (system-wide on Linux) at which to dump every thread's stack, just before the kill
     dump_stacks_at: float
+    #: torch's intra-op threads: the cores shared among the jobs that run at once
+    threads: int
 
 
 def load_task(reference: str) -> Callable[[Any, pathlib.Path], dict[str, Any]]:
@@ -126,6 +128,9 @@ def run_request(data: bytes) -> int:
     os.environ[JOB_MARKER] = request.job
     sys.path[:] = request.sys_path
     os.chdir(request.cwd)
+    import torch
+
+    torch.set_num_threads(request.threads)  # jobs side by side must not oversubscribe the cores
     workdir = pathlib.Path(request.workdir)
     stacks = open(workdir / STACKS_FILE, "w")  # noqa: SIM115 - open until the process ends
     faulthandler.enable(stacks, all_threads=True)

@@ -438,6 +438,8 @@ class _Batch:
         #: killed children whose end is not confirmed yet
         self.dying: dict[str, _Running] = {}
         self.started = time.monotonic()
+        #: the same for every job of the call, whatever ran beside it, so that their numbers agree
+        self.threads = max(1, (os.cpu_count() or 1) // min(concurrency, len(jobs)))
 
     def run(self) -> list[JobOutcome]:
         try:
@@ -473,7 +475,7 @@ class _Batch:
         workdir.mkdir()
         deadline = clock_start + job.timeout
         request = Request(job.task, job.payload, str(workdir), list(sys.path), os.getcwd(), dict(os.environ), key,
-                          deadline - min(1.0, job.timeout / 10))
+                          deadline - min(1.0, job.timeout / 10), self.threads)
         self.running[key] = _Running(index, key, workdir, deadline)
         if job.command is None:
             self.launcher.start(key, pickle.dumps(request))
