@@ -8,7 +8,8 @@ every one of them on exit, exceptions included:
   not unscaled them yet, and whether the step took them still scaled), the RNG streams there;
 - tensor hooks on the parameters (optional): the gradient each call back-propagates, before
   anything (clipping, zeroing, the optimizer) touches `.grad`;
-- instance wrappers on `scheduler.step`, `scaler.unscale_` and `scaler.update`;
+- instance wrappers on `scheduler.step`, `scaler.unscale_`, `scaler.step` (which optimizer steps ran
+  inside it, and which it skipped) and `scaler.update` (the loss scale it left);
 - the clipping functions of `torch.nn.utils` and `torch.nn.utils.clip_grad`, and any of them
   imported into the recipe's own modules: which parameters were clipped, when, and on
   gradients that were still scaled;
@@ -88,6 +89,13 @@ class Clip:
     scaled: bool
     scale: float | None
 
+    def to_wire(self) -> dict[str, Any]:
+        return {"function": self.function, "parameters": self.parameters, "scaled": self.scaled, "scale": self.scale}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Clip:
+        return cls(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"])
+
 
 @dataclasses.dataclass
 class StepEvent:
@@ -108,6 +116,26 @@ class StepEvent:
 
 
 @dataclasses.dataclass
+class ScalerStep:
+    """One `scaler.step(optimizer)` call of the observed (enabled) GradScaler, for an optimizer of the State."""
+
+    optimizer: str
+    #: the loss scale when it was called
+    scale: float
+    #: the `StepEvent.order` of the optimizer step taken inside it; None when it skipped the step
+    order: int | None = None
+    #: the loss scale after the first `scaler.update()` that followed it in the same call; None without one
+    scale_after: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ScalerStep:
+        return cls(str(data["optimizer"]), float(data["scale"]), data["order"], data["scale_after"])
+
+
+@dataclasses.dataclass
 class CallRecord:
     """What one `step()` call did, as the hooks saw it, and what it returned."""
 
@@ -124,6 +152,7 @@ class CallRecord:
     accounting: bool = False
     numerator: float | None = None
     denominator: float | None = None
+    scaler_steps: list[ScalerStep] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -143,7 +172,8 @@ class Observer:
 
     Between `begin_call()` and `end_call()` everything observed is attributed to that call.
     `record_contributions` turns on the per-parameter gradient hooks (a sample per backward).
-    `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first.
+    `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first. `fingerprint_rng=False`
+    leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a millisecond).
 
     What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
     sample of at most about `SAMPLE_ELEMENTS` elements over all parameters, so that observing a
@@ -159,8 +189,10 @@ class Observer:
         record_contributions: bool,
         batch_dependent: str = "fail",
         before_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
+        fingerprint_rng: bool = True,
     ) -> None:
         self.state = state
+        self._rng_fingerprint: Callable[[], str] = rng_fingerprint if fingerprint_rng else str
         self.recipe_type = recipe_type
         self.disable_dropout = disable_dropout
         self.record_contributions = record_contributions
@@ -187,6 +219,8 @@ class Observer:
         self.call_index = 0
         self.step_events: dict[str, list[StepEvent]] = {entry: [] for entry in self.optimizers}
         self._steps_seen = 0
+        #: the `scaler.step()` call running now, if any
+        self._scaler_step: ScalerStep | None = None
         total = sum(p.numel() for pairs in self.optimizer_parameters.values() for _, p in pairs)
         self.stride = max(1, total // SAMPLE_ELEMENTS)
         self.dropout = Dropout()
@@ -223,7 +257,8 @@ class Observer:
             self._wrap_method(scheduler, "step", functools.partial(self._scheduler_step, entry))
         if self.scaler is not None:
             self._wrap_method(self.scaler, "unscale_", self._unscale)
-            self._wrap_method(self.scaler, "update", self._scaler_update)
+            self._wrap_method(self.scaler, "step", self._scaler_step_begin, self._scaler_step_end)
+            self._wrap_method(self.scaler, "update", self._scaler_update, self._scaler_updated)
         if self.record_contributions:
             for pairs in self.optimizer_parameters.values():
                 for name, parameter in pairs:
@@ -246,8 +281,10 @@ class Observer:
             self._patch({function: name for function, (name, _, _) in DROPOUT_FUNCTIONS.items()},
                         self._dropout_wrapper)
 
-    def _wrap_method(self, obj: Any, name: str, before: Callable[..., None]) -> None:
-        """Shadow `obj.name` with an instance attribute that calls `before` first; undone on exit."""
+    def _wrap_method(self, obj: Any, name: str, before: Callable[..., None],
+                     after: Callable[..., None] | None = None) -> None:
+        """Shadow `obj.name` with an instance attribute that calls `before` first and `after` last (also when
+        it raises), each with the call's arguments; undone on exit."""
         had_own = name in vars(obj)
         previous = vars(obj).get(name)
         method = getattr(obj, name)
@@ -255,7 +292,11 @@ class Observer:
         @functools.wraps(method)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             before(*args, **kwargs)
-            return method(*args, **kwargs)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                if after is not None:
+                    after(*args, **kwargs)
 
         setattr(obj, name, wrapper)
 
@@ -315,6 +356,8 @@ class Observer:
                 if name in grads and name not in pre_clip and grad is not None:
                     pre_clip[name] = grad
         self._steps_seen += 1
+        if self._scaler_step is not None and self._scaler_step.optimizer == entry:
+            self._scaler_step.order = self._steps_seen
         self.step_events[entry].append(StepEvent(
             call=self.call_index,
             grads=grads,
@@ -322,7 +365,7 @@ class Observer:
             lr=[_float(group["lr"]) for group in optimizer.param_groups],
             scaled=scale is not None,
             scale=scale,
-            rng=rng_fingerprint(),
+            rng=self._rng_fingerprint(),
             order=self._steps_seen,
         ))
 
@@ -335,13 +378,32 @@ class Observer:
         if self.call is not None:
             self.call.scheduler_steps[entry] += 1
 
+    def _entry(self, optimizer: object) -> str | None:
+        return next((e for e, o in self.optimizers.items() if o is optimizer), None)
+
     def _unscale(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        entry = next((e for e, o in self.optimizers.items() if o is optimizer), None)
+        entry = self._entry(optimizer)
         if entry is not None:
             self.unscaled.add(entry)
 
+    def _scaler_step_begin(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        entry = self._entry(optimizer)
+        if self.call is not None and entry is not None and self.scaler is not None:
+            self._scaler_step = ScalerStep(entry, float(self.scaler.get_scale()))
+            self.call.scaler_steps.append(self._scaler_step)
+
+    def _scaler_step_end(self, *args: Any, **kwargs: Any) -> None:
+        self._scaler_step = None
+
     def _scaler_update(self, *args: Any, **kwargs: Any) -> None:
         self.unscaled.clear()
+
+    def _scaler_updated(self, *args: Any, **kwargs: Any) -> None:
+        if self.call is None or self.scaler is None:
+            return
+        for step in self.call.scaler_steps:
+            if step.scale_after is None:
+                step.scale_after = float(self.scaler.get_scale())
 
     def _contribution(self, name: str, grad: torch.Tensor) -> None:
         if self.call is None:
@@ -417,12 +479,12 @@ class Observer:
         self.call_index = index
         self._clip_records = []
         self.call = CallRecord(dict.fromkeys(self.optimizers, 0), dict.fromkeys(self.schedulers, 0), [], {},
-                               rng_fingerprint())
+                               self._rng_fingerprint())
 
     def end_call(self) -> CallRecord:
         assert self.call is not None
         call, self.call = self.call, None
-        call.rng_end = rng_fingerprint()
+        call.rng_end = self._rng_fingerprint()
         self._clip_records = []
         return call
 

@@ -9,6 +9,7 @@ Specs (`package.module:Class`, `path/to/file.py:Class`, with literal constructor
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -114,6 +115,19 @@ def _epochs(loader: Any) -> Iterator[Any]:
         if empty:
             return
         epoch += 1
+
+
+@contextlib.contextmanager
+def batch_iterator(recipe: Recipe[Any], state: State) -> Iterator[Iterator[Any]]:
+    """`iter(recipe.batches(state))`, closed on exit: a generator over a DataLoader stops its workers now,
+    not at garbage collection."""
+    batches = iter(recipe.batches(state))
+    try:
+        yield batches
+    finally:
+        close = getattr(batches, "close", None)
+        if callable(close):
+            close()
 
 
 #: what a check's `recipe` argument may be: a Recipe subclass, an instance of one, or a spec string

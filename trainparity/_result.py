@@ -183,6 +183,14 @@ class DataParallelResult(Result):
     check: ClassVar[str] = "data_parallel"
 
 
+class OptimizerCoverageResult(Result):
+    check: ClassVar[str] = "optimizer_coverage"
+
+
+class MixedPrecisionResult(Result):
+    check: ClassVar[str] = "mixed_precision"
+
+
 class RunsResult(Result):
     check: ClassVar[str] = "runs_equivalent"
 

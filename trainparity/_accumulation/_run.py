@@ -18,7 +18,7 @@ from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._compare import Snapshot
 from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
 from trainparity._precision import cast_batch, convert_state, require_float64, running_in
-from trainparity._recipe import LossAccounting, Recipe, RecipeRef, import_attribute
+from trainparity._recipe import LossAccounting, Recipe, RecipeRef, batch_iterator, import_attribute
 from trainparity._snapshot import flatten, snapshot_rng, snapshot_state, to_leaf
 from trainparity._split import Microbatches, batch_size, leaves, split_batch
 from trainparity._state import optimizer_named_state_dict, seed_everything
@@ -78,13 +78,8 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
 
 
 def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayload) -> list[Window]:
-    batches = iter(recipe.batches(observer.state))
-    try:
+    with batch_iterator(recipe, observer.state) as batches:
         return [_observe_window(recipe, observer, payload, batches, window) for window in range(1, payload.cycles + 1)]
-    finally:
-        close = getattr(batches, "close", None)
-        if callable(close):  # a generator over a DataLoader: its workers stop now, not at garbage collection
-            close()
 
 
 def _observe_window(

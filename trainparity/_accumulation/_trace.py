@@ -10,22 +10,14 @@ import dataclasses
 from typing import Any
 
 from trainparity._compare import Snapshot
-from trainparity._observe import CallRecord, Clip, Dropout, StepEvent
-
-
-def _clip_to_wire(clip: Clip) -> dict[str, Any]:
-    return {"function": clip.function, "parameters": clip.parameters, "scaled": clip.scaled, "scale": clip.scale}
-
-
-def _clip_from_wire(data: dict[str, Any]) -> Clip:
-    return Clip(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"])
+from trainparity._observe import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 
 
 def _call_to_wire(call: CallRecord) -> dict[str, Any]:
     return {
         "steps": call.steps,
         "scheduler_steps": call.scheduler_steps,
-        "clips": [_clip_to_wire(clip) for clip in call.clips],
+        "clips": [clip.to_wire() for clip in call.clips],
         "contribution": call.contribution,
         "rng_start": call.rng_start,
         "rng_end": call.rng_end,
@@ -33,6 +25,7 @@ def _call_to_wire(call: CallRecord) -> dict[str, Any]:
         "accounting": call.accounting,
         "numerator": call.numerator,
         "denominator": call.denominator,
+        "scaler_steps": [step.to_wire() for step in call.scaler_steps],
     }
 
 
@@ -40,7 +33,7 @@ def _call_from_wire(data: dict[str, Any]) -> CallRecord:
     return CallRecord(
         steps=dict(data["steps"]),
         scheduler_steps=dict(data["scheduler_steps"]),
-        clips=[_clip_from_wire(clip) for clip in data["clips"]],
+        clips=[Clip.from_wire(clip) for clip in data["clips"]],
         contribution=dict(data["contribution"]),
         rng_start=data["rng_start"],
         rng_end=data["rng_end"],
@@ -48,6 +41,7 @@ def _call_from_wire(data: dict[str, Any]) -> CallRecord:
         accounting=data["accounting"],
         numerator=data["numerator"],
         denominator=data["denominator"],
+        scaler_steps=[ScalerStep.from_wire(step) for step in data["scaler_steps"]],
     )
 
 

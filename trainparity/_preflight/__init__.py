@@ -1,0 +1,15 @@
+"""Preflight checks: one short observed run of the recipe, no comparison run.
+
+- `check_optimizer_coverage` (`_optimizer_coverage.py`): which parameters the optimizers hold, and which
+  got gradients;
+- `check_mixed_precision` (`_mixed_precision.py`): the GradScaler's contract, and non-finite values.
+
+Each sets the recipe up from the seed and observes its `step()` calls through the one observer of
+optimizer steps (`_run.py`, `_observe.Observer`), in-process by default; the run returns a typed
+trace, which the check judges into a result of the usual form.
+"""
+
+from trainparity._preflight._mixed_precision import check_mixed_precision
+from trainparity._preflight._optimizer_coverage import check_optimizer_coverage
+
+__all__ = ["check_mixed_precision", "check_optimizer_coverage"]

@@ -1,0 +1,310 @@
+"""`check_mixed_precision`: the GradScaler's contract, and non-finite values, over a few observed steps.
+
+The run observes `steps` calls of `step()` through the observer's optimizer step hooks and its
+wrappers on the State's enabled `torch.amp.GradScaler` (`unscale_`, `step`, `update`) and on the
+clipping functions. Per call it records the loss, every optimizer step (whether it ran inside
+`scaler.step()`, with gradients still scaled, and which of them were not finite), every
+`scaler.step()` (the loss scale, whether it skipped the step, the scale `update()` left), every
+clip, and the parameters that are not finite afterwards. The judgement runs in the parent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import torch
+
+from trainparity import _session
+from trainparity._observe import CallRecord, Clip, Observer, ScalerStep, StepEvent
+from trainparity._preflight._run import (
+    Preflight,
+    PreflightPayload,
+    finite_number,
+    nonfinite,
+    observed_calls,
+    observed_recipe,
+    once_per_path,
+    steps_text,
+)
+from trainparity._recipe import RecipeSpec
+from trainparity._result import MixedPrecisionResult, Outcome, Violation, json_safe
+from trainparity._state import state_objects
+
+__all__ = ["check_mixed_precision"]
+
+TASK = "trainparity._preflight._mixed_precision:mixed_precision_run"
+
+
+@dataclasses.dataclass
+class OptimizerStep:
+    """One step of an optimizer of the State."""
+
+    optimizer: str
+    #: `StepEvent.order`: matched against `ScalerStep.order` to tell a step inside `scaler.step()`
+    order: int
+    #: the factor that still multiplied its gradients (None: unscaled, or no GradScaler observed)
+    scale: float | None
+    #: the parameters whose gradient held an inf or a NaN
+    nonfinite: list[str]
+
+    @classmethod
+    def observe(cls, entry: str, event: StepEvent) -> OptimizerStep:
+        return cls(entry, event.order, event.scale if event.scaled else None,
+                   [name for name, grad in event.grads.items() if grad is not None and nonfinite(grad)])
+
+
+@dataclasses.dataclass
+class PrecisionStep:
+    """What one call of `step()` did."""
+
+    step: int
+    loss: float | None
+    optimizer_steps: list[OptimizerStep]
+    scaler_steps: list[ScalerStep]
+    clips: list[Clip]
+    #: the parameters holding an inf or a NaN after the call
+    nonfinite_params: list[str]
+    #: what the call raised, accepted as a consequence of a step outside scaler.step() (the run ended)
+    error: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": self.loss,
+                "optimizer_steps": [dataclasses.asdict(s) for s in self.optimizer_steps],
+                "scaler_steps": [s.to_wire() for s in self.scaler_steps], "clips": [c.to_wire() for c in self.clips],
+                "nonfinite_params": self.nonfinite_params, "error": self.error}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> PrecisionStep:
+        return cls(int(data["step"]), data["loss"], [OptimizerStep(**s) for s in data["optimizer_steps"]],
+                   [ScalerStep.from_wire(s) for s in data["scaler_steps"]], [Clip.from_wire(c) for c in data["clips"]],
+                   list(data["nonfinite_params"]), data["error"])
+
+    def taken(self, scaler_step: ScalerStep) -> bool:
+        """Whether the optimizer stepped inside `scaler_step` on finite gradients (an optimizer that unscales
+        itself is called on scaled gradients either way, and skips the update when they are not finite)."""
+        inside = next((s for s in self.optimizer_steps if s.order == scaler_step.order), None)
+        return inside is not None and not inside.nonfinite
+
+    def direct(self) -> list[OptimizerStep]:
+        """The optimizer steps taken outside `scaler.step()`."""
+        inside = {s.order for s in self.scaler_steps}
+        return [s for s in self.optimizer_steps if s.order not in inside]
+
+
+@dataclasses.dataclass
+class PrecisionTrace:
+    """One run of the mixed-precision check."""
+
+    #: the State's enabled GradScalers, and its disabled ones, by entry
+    enabled: list[str]
+    disabled: list[str]
+    optimizers: list[str]
+    #: the parameters holding an inf or a NaN right after setup()
+    initial_nonfinite: list[str]
+    steps: list[PrecisionStep]
+
+    @property
+    def scaler(self) -> str | None:
+        """The GradScaler observed: the only enabled one."""
+        return self.enabled[0] if len(self.enabled) == 1 else None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "disabled": self.disabled, "optimizers": self.optimizers,
+                "initial_nonfinite": self.initial_nonfinite, "steps": [step.to_wire() for step in self.steps]}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> PrecisionTrace:
+        return cls(list(data["enabled"]), list(data["disabled"]), list(data["optimizers"]),
+                   list(data["initial_nonfinite"]), [PrecisionStep.from_wire(step) for step in data["steps"]])
+
+
+# -- the run (in the child) -------------------------------------------------------------------------
+
+
+def _nonfinite_parameters(observer: Observer) -> list[str]:
+    return [name for name, parameter in observer.parameters() if nonfinite(parameter.detach())]
+
+
+def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
+    """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
+    `scaler.update()` followed (the next `scaler.step()` would raise)."""
+    with observed_recipe(payload, record_contributions=False) as (recipe, observer):
+        scalers = list(state_objects(observer.state, torch.amp.GradScaler))
+
+        def outside_scaler_step(record: CallRecord) -> bool:
+            """Whether an optimizer stepped outside scaler.step() in this call: the GradScaler then raises
+            in update() ('No inf checks were recorded prior to update')."""
+            inside = {s.order for s in record.scaler_steps}
+            events = (event for events in observer.step_events.values() for event in events)
+            return observer.scaler is not None and any(event.order not in inside for event in events)
+
+        trace = PrecisionTrace([e for e, s in scalers if s.is_enabled()], [e for e, s in scalers if not s.is_enabled()],
+                               list(observer.optimizers), _nonfinite_parameters(observer), [])
+        for call in observed_calls(recipe, observer, payload.steps, tolerate=outside_scaler_step):
+            events = sorted(((e, event) for e, events in observer.take_step_events().items() for event in events),
+                            key=lambda item: item[1].order)
+            record = call.record
+            trace.steps.append(PrecisionStep(call.number, record.loss, [OptimizerStep.observe(*e) for e in events],
+                                             record.scaler_steps, record.clips, _nonfinite_parameters(observer),
+                                             call.error))
+            if any(step.scale_after is None for step in record.scaler_steps):
+                break
+    return trace.to_wire()
+
+
+# -- the judgement (in the parent) ------------------------------------------------------------------
+
+
+def _scale(value: float | None) -> str:
+    return "?" if value is None else f"{value:.6g}"
+
+
+def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]:
+    """One call's findings in the order they happen: forward, clipping, optimizer steps, parameters, update."""
+    n, found = step.step, []
+    if not finite_number(step.loss):
+        found.append(Violation(
+            "nonfinite_loss", "loss",
+            f"step() returned a non-finite loss ({step.loss}) at step {n}: the forward pass produced an inf or a NaN, "
+            "so its gradients are not finite either. Find where (torch.autograd.set_detect_anomaly, a log of 0, "
+            "a division by a zero count, an overflow in float16).", step=n, actual=json_safe(step.loss),
+            cause="nonfinite_loss"))
+    for clip in step.clips:
+        if clip.scaled:
+            first = clip.parameters[0] if clip.parameters else "<none>"
+            found.append(Violation(
+                "clip_before_unscale", f"gradients.{first}",
+                f"In step {n}, {clip.function}() clipped gradients that GradScaler '{scaler}' still scaled by "
+                f"{_scale(clip.scale)}: the threshold applied to gradients {_scale(clip.scale)} times too large. "
+                "Call scaler.unscale_(optimizer) before clipping.", step=n, cause="clip_before_unscale"))
+    for direct in step.direct():
+        if scaler is not None:
+            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(direct.scale)}: the update is that "
+                   "many times too large, and" if direct.scale is not None else "after scaler.unscale_():")
+            found.append(Violation(
+                "scaler_step_bypassed", direct.optimizer,
+                f"Optimizer '{direct.optimizer}' stepped in step {n} outside scaler.step(), {how} steps whose "
+                "gradients hold an inf or a NaN are not skipped, and the loss scale never adapts. Call "
+                "scaler.step(optimizer) instead of optimizer.step(), then scaler.update().",
+                step=n, cause="scaler_step_bypassed"))
+        if direct.nonfinite:
+            guard = ("scaler.step(optimizer) would have skipped it" if scaler is not None else
+                     "skip such steps (an enabled GradScaler's scaler.step() does), or find where they come from")
+            found.append(Violation(
+                "nonfinite_grads_stepped", f"gradients.{direct.nonfinite[0]}",
+                f"Optimizer '{direct.optimizer}' stepped in step {n} on gradients holding an inf or a NaN (of "
+                f"{', '.join(direct.nonfinite)}): the parameters it updates become non-finite; {guard}.",
+                step=n, cause="nonfinite_grads_stepped"))
+    found += [Violation("nonfinite_params", f"parameters.{name}", f"Parameter '{name}' holds an inf or a NaN after "
+                        f"step {n}.", step=n, cause="nonfinite_params") for name in step.nonfinite_params]
+    for scaler_step in step.scaler_steps:
+        if scaler_step.scale_after is None and scaler is not None:
+            found.append(Violation(
+                "scaler_update_missing", scaler,
+                f"scaler.step(optimizer '{scaler_step.optimizer}') ran in step {n}, but no scaler.update() followed "
+                "before step() returned: the loss scale never adapts (a skipped step does not lower it), and the "
+                "next scaler.step() raises 'step() has already been called since the last update()'. Call "
+                "scaler.update() once per iteration, after scaler.step().", step=n, cause="scaler_update_missing"))
+            break
+    return found
+
+
+def _skipped_violation(trace: PrecisionTrace, scaler: str, max_skipped_steps: int | None) -> Violation | None:
+    calls = [(step, s, step.taken(s)) for step in trace.steps for s in step.scaler_steps]
+    skipped = [step.step for step, _, taken in calls if not taken]
+    allowed = len(calls) // 2 if max_skipped_steps is None else max_skipped_steps
+    if len(skipped) <= allowed:
+        return None
+    rule = (f"max_skipped_steps={max_skipped_steps}" if max_skipped_steps is not None else
+            "by default at most half of the scaler steps")
+    nonfinite_losses = [step.step for step in trace.steps if not finite_number(step.loss)]
+    why = (f"the loss itself was not finite in {steps_text(nonfinite_losses)}" if nonfinite_losses else
+           "they stay so at every scale tried: look for an overflow or a NaN in the model")
+    return Violation(
+        "skipped_steps", f"{scaler}.scale",
+        f"GradScaler '{scaler}' skipped {len(skipped)} of {len(calls)} optimizer steps ({steps_text(skipped)}) because "
+        f"their gradients held an inf or a NaN; {why}. At most {allowed} allowed ({rule}).\n{_scale_trace(trace)}",
+        step=skipped[allowed], expected=allowed, actual=len(skipped), cause="skipped_steps")
+
+
+def _scale_trace(trace: PrecisionTrace) -> str:
+    """`Loss scale at each scaler.step(): 65536 (step 1, skipped), 32768 (step 2); after the last update(): 32768.`"""
+    shown = [f"{_scale(s.scale)} (step {step.step}{'' if step.taken(s) else ', skipped'})"
+             for step in trace.steps for s in step.scaler_steps]
+    last = next((s.scale_after for step in reversed(trace.steps) for s in reversed(step.scaler_steps)
+                 if s.scale_after is not None), None)
+    after = f"; after the last update(): {_scale(last)}" if last is not None else ""
+    return f"Loss scale at each scaler.step(): {', '.join(shown)}{after}."
+
+
+def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
+                          max_skipped_steps: int | None) -> MixedPrecisionResult:
+    if not trace.optimizers:
+        return MixedPrecisionResult(Outcome.ABSTAIN, config=config, reason="the State holds no optimizer: its steps "
+                                    "cannot be observed; put the optimizer (and the GradScaler) in the State")
+    scaler, notes = trace.scaler, []
+    if len(trace.enabled) > 1:
+        notes.append(f"The State holds {len(trace.enabled)} enabled GradScalers ({', '.join(trace.enabled)}): which "
+                     "one scaled a gradient cannot be told apart, so only non-finite values were judged.")
+    elif scaler is None:
+        disabled = f" (disabled: {', '.join(trace.disabled)})" if trace.disabled else ""
+        notes.append(f"The State holds no enabled torch.amp.GradScaler{disabled}: the scaler's contract "
+                     "(scaler_step_bypassed, scaler_update_missing, clip_before_unscale, skipped_steps) was not "
+                     "judged, only non-finite values.")
+    found = [Violation("nonfinite_params", f"parameters.{name}", f"Parameter '{name}' holds an inf or a NaN right "
+                       "after setup().", step=0, cause="nonfinite_params") for name in trace.initial_nonfinite]
+    for step in trace.steps:
+        found += _step_violations(step, scaler)
+        if step.error is not None:
+            notes.append(f"Step {step.step} then raised {step.error} (what the GradScaler does when scaler.update() "
+                         "follows no scaler.step()); the run ended there.")
+    last = trace.steps[-1].step if trace.steps else 0
+    if last < config["steps"] and trace.steps and trace.steps[-1].error is None:
+        notes.append(f"The run ended after step {last} of {config['steps']}: the next scaler.step() would raise "
+                     "without scaler.update().")
+    violations = once_per_path(found)
+    if scaler is not None and any(step.scaler_steps for step in trace.steps):
+        skipped = _skipped_violation(trace, scaler, max_skipped_steps)
+        if skipped is not None:
+            violations.append(skipped)
+        else:
+            notes.append(f"GradScaler '{scaler}': {_scale_trace(trace)}")
+    return MixedPrecisionResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+@_session.recorded
+def check_mixed_precision(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 4,
+    max_skipped_steps: int | None = None,
+    seed: int = 0,
+    isolation: _session.Isolation | None = None,
+    timeout: float | None = None,
+) -> MixedPrecisionResult:
+    """Check the recipe's mixed-precision loop: the GradScaler's contract and non-finite values.
+
+    Observes `steps` calls of `step()` and reports optimizer steps outside `scaler.step()`
+    (`scaler_step_bypassed`), a `scaler.step()` that no `scaler.update()` follows
+    (`scaler_update_missing`), clipping of still-scaled gradients (`clip_before_unscale`), steps
+    on gradients holding an inf or a NaN (`nonfinite_grads_stepped`), more skipped steps than
+    `max_skipped_steps` (default: half of the scaler steps; `skipped_steps`, with the loss-scale
+    trace), non-finite losses (`nonfinite_loss`) and parameters (`nonfinite_params`). The
+    GradScaler is the State's one enabled `torch.amp.GradScaler` (CPU or CUDA). `isolation` is
+    "inprocess" (default), "process" or "spawn"; `timeout` bounds a run in a child process. Never
+    raises for a FAIL; misuse raises TypeError/ValueError.
+    """
+    if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int)
+                                          or max_skipped_steps < 0):
+        raise ValueError(f"max_skipped_steps= must be None (half of the scaler steps) or an int >= 0, "
+                         f"got {max_skipped_steps!r}")
+    preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
+                                  timeout=timeout)
+    config = {**preflight.config, "max_skipped_steps": max_skipped_steps}
+    outcome = preflight.run(TASK, PrecisionTrace.from_wire)
+    if outcome.error is not None:
+        return MixedPrecisionResult.errored(outcome.error, config, outcome.exception)
+    trace: PrecisionTrace = outcome.output
+    return judge_mixed_precision(trace, config, max_skipped_steps)

@@ -1,0 +1,141 @@
+"""What the preflight checks share: one seeded, observed run of the recipe, run as a job, and findings
+reported once each.
+
+The run sets the recipe up from the seed and calls `step()` under the one observer of optimizer
+steps (`_observe.Observer`, dropout left as it is); the check validates its arguments, runs the
+task through the engine (in-process by default) and judges the typed trace the task returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+import torch
+
+from trainparity import _session
+from trainparity._engine import Job, JobOutcome, run_jobs
+from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
+from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, batch_iterator, resolve_recipe
+from trainparity._result import JsonValue, Violation
+from trainparity._state import seed_everything, validate_seed
+from trainparity._trace import loss_value, next_batch, require_state
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreflightPayload:
+    """One run: the recipe set up from `seed`, then `steps` calls of `step()`."""
+
+    recipe: RecipeRef
+    steps: int
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Preflight:
+    """A preflight check's validated arguments: what its run gets, and the config its result shows."""
+
+    payload: PreflightPayload
+    config: dict[str, JsonValue]
+    isolation: str
+    timeout: float
+
+    @classmethod
+    def prepare(cls, recipe: RecipeSpec, *, steps: object, minimum_steps: int, seed: object, isolation: object,
+                timeout: object) -> Preflight:
+        """Validate the arguments (misuse raises TypeError/ValueError naming the fix) before anything runs."""
+        ref = resolve_recipe(recipe)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < minimum_steps:
+            raise ValueError(f"steps= must be an int >= {minimum_steps} (calls of step() observed), got {steps!r}")
+        seed = validate_seed(seed)
+        chosen = _session.isolation(isolation, "inprocess")
+        config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
+        return cls(PreflightPayload(ref, steps, seed), config, chosen, _session.timeout(timeout))
+
+    def run(self, task: str, decode: Callable[[dict[str, Any]], T]) -> JobOutcome:
+        """Run `task` on the payload; the outcome's output is the decoded trace, or its error."""
+        job = Job(task, self.payload, "training", self.timeout, decode=decode)
+        return run_jobs([job], isolation=self.isolation)[0]
+
+
+@contextlib.contextmanager
+def observed_recipe(payload: PreflightPayload, *, record_contributions: bool) -> Iterator[tuple[Recipe[Any], Observer]]:
+    """The recipe, set up from the seed, its State under an Observer (dropout left as the recipe has it)."""
+    recipe = payload.recipe.build()
+    # The lock covers seeding and setup() too: in-process checks in threads share the global RNG streams
+    # and the functions the observer patches.
+    with OBSERVATION_LOCK:
+        seed_everything(payload.seed)
+        state = require_state(recipe.setup(), recipe, "setup")
+        with Observer(state, type(recipe), disable_dropout=False, record_contributions=record_contributions,
+                      fingerprint_rng=False) as observer:
+            yield recipe, observer
+
+
+@dataclasses.dataclass
+class Call:
+    """One observed call of `step()`, numbered from 1."""
+
+    number: int
+    record: CallRecord
+    #: what the call raised, when the run accepted it as a consequence of what was observed (the run ends there)
+    error: str | None = None
+
+
+def observed_calls(recipe: Recipe[Any], observer: Observer, steps: int,
+                   tolerate: Callable[[CallRecord], bool] | None = None) -> Iterator[Call]:
+    """`steps` calls of `recipe.step()` on its batches, each observed.
+
+    When a call raises and `tolerate(record)` says that what it observed explains the error, the call
+    is yielded with the error and the run ends; otherwise the error propagates (the check's ERROR).
+    """
+    name = type(recipe).__name__
+    with batch_iterator(recipe, observer.state) as batches:
+        for number in range(1, steps + 1):
+            batch = next_batch(batches, recipe, f"step {number}")
+            observer.begin_call(number)
+            try:
+                returned = recipe.step(observer.state, batch)
+            except Exception as error:
+                record = observer.end_call()
+                if tolerate is None or not tolerate(record):
+                    raise
+                yield Call(number, record, f"{type(error).__name__}: {error}")
+                return
+            record = observer.end_call()
+            record.loss = loss_value(returned, f"{name}.step() at step {number}")
+            yield Call(number, record)
+
+
+def nonfinite(tensor: torch.Tensor) -> bool:
+    """Whether a tensor holds an inf or a NaN."""
+    return not bool(torch.isfinite(tensor).all())
+
+
+def finite_number(value: float | None) -> bool:
+    return value is None or math.isfinite(value)
+
+
+def steps_text(steps: Iterable[int]) -> str:
+    """`step 3` or `steps 1, 2, 4`."""
+    listed = list(steps)
+    return f"step{'s' if len(listed) != 1 else ''} {', '.join(map(str, listed))}"
+
+
+def once_per_path(violations: Iterable[Violation]) -> list[Violation]:
+    """The first violation of each (kind, path), in order; a message says at which later steps it recurred."""
+    first: dict[tuple[str, str], Violation] = {}
+    later: dict[tuple[str, str], list[int]] = {}
+    for violation in violations:
+        key = (violation.kind, violation.path)
+        if key not in first:
+            first[key], later[key] = violation, []
+        elif violation.step is not None and violation.step not in later[key]:
+            later[key].append(violation.step)
+    return [dataclasses.replace(v, message=f"{v.message}\nAlso at {steps_text(later[key])}.") if later[key] else v
+            for key, v in first.items()]
