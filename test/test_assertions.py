@@ -27,6 +27,8 @@ PAIRS: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
     (tp.assert_accumulation_equivalent, tp.check_accumulation),
     (tp.assert_coverage, tp.check_coverage),
     (tp.assert_data_parallel_equivalent, tp.check_data_parallel),
+    (tp.assert_optimizer_coverage, tp.check_optimizer_coverage),
+    (tp.assert_mixed_precision_safe, tp.check_mixed_precision),
     (tp.assert_resume_script_equivalent, tp.check_resume_script),
     (tp.assert_runs_equivalent, tp.check_runs_equivalent),
 ]
@@ -35,6 +37,8 @@ METHODS = {
     tp.assert_accumulation_equivalent: tp.TestCase.assertAccumulationEquivalent,
     tp.assert_coverage: tp.TestCase.assertCoverage,
     tp.assert_data_parallel_equivalent: tp.TestCase.assertDataParallelEquivalent,
+    tp.assert_optimizer_coverage: tp.TestCase.assertOptimizerCoverage,
+    tp.assert_mixed_precision_safe: tp.TestCase.assertMixedPrecisionSafe,
     tp.assert_resume_script_equivalent: tp.TestCase.assertResumeScriptEquivalent,
     tp.assert_runs_equivalent: tp.TestCase.assertRunsEquivalent,
 }

@@ -104,7 +104,7 @@ def test_help_lists_exit_codes_and_explains_every_option() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
-                                     "coverage"}
+                                     "coverage", "optimizer-coverage", "mixed-precision"}
     for name, command in [("python -m trainparity", parser), *commands.choices.items()]:
         text = command.format_help()
         for status, outcome in [(0, "PASS"), (1, "FAIL"), (2, "ABSTAIN"), (3, "ERROR"), (4, "usage error")]:

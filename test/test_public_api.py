@@ -14,6 +14,7 @@ CONTRACT_NAMES = {
     "TrainParityMixin", "Violation", "check_accumulation", "check_coverage", "check_data_parallel",
     "check_resume", "load_state", "save_state", "split_batch", "strategies",
     "assert_resume_equivalent", "assert_accumulation_equivalent", "assert_coverage", "assert_data_parallel_equivalent",
+    "check_optimizer_coverage", "check_mixed_precision", "assert_optimizer_coverage", "assert_mixed_precision_safe",
 }
 
 

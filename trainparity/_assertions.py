@@ -25,12 +25,15 @@ from trainparity._compare import Comparison
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
 from trainparity._data_parallel import check_data_parallel
+from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
 from trainparity._recipe import RecipeSpec
 from trainparity._result import (
     AccumulationResult,
     ChildError,
     CoverageResult,
     DataParallelResult,
+    MixedPrecisionResult,
+    OptimizerCoverageResult,
     Outcome,
     Result,
     ResumeResult,
@@ -259,4 +262,42 @@ def assert_data_parallel_equivalent(
     validate_options(msg, abstain)
     result = check_data_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
                                  seed=seed, precision=precision, timeout=timeout, isolation=isolation)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_optimizer_coverage(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 1,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> OptimizerCoverageResult:
+    """`tp.check_optimizer_coverage(...)` as an assertion: the result on PASS, AssertionError with the report
+    otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_optimizer_coverage(recipe, steps=steps, seed=seed, isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_mixed_precision_safe(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 4,
+    max_skipped_steps: int | None = None,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> MixedPrecisionResult:
+    """`tp.check_mixed_precision(...)` as an assertion: the result on PASS, AssertionError with the report
+    otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps, seed=seed,
+                                   isolation=isolation, timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)

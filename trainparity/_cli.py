@@ -24,6 +24,8 @@ from trainparity._result import (
     ChildError,
     CoverageResult,
     DataParallelResult,
+    MixedPrecisionResult,
+    OptimizerCoverageResult,
     Outcome,
     Result,
     ResumeResult,
@@ -126,6 +128,20 @@ def _run_data_parallel(args: argparse.Namespace, spec: Spec, _recipe: object) ->
                                timeout=args.timeout, isolation=args.isolation)
 
 
+def _run_optimizer_coverage(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
+    from trainparity._preflight import check_optimizer_coverage
+
+    return check_optimizer_coverage(spec.text, steps=args.steps, seed=args.seed, isolation=args.isolation,
+                                    timeout=args.timeout)
+
+
+def _run_mixed_precision(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
+    from trainparity._preflight import check_mixed_precision
+
+    return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps, seed=args.seed,
+                                 isolation=args.isolation, timeout=args.timeout)
+
+
 def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
     from trainparity._coverage import check_coverage
 
@@ -178,13 +194,15 @@ def _command(commands: Any, name: str, summary: str, command: Command) -> _Parse
     return parser
 
 
-def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], default_isolation: str) -> None:
+def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], default_isolation: str, *,
+                    tolerance: bool = True) -> None:
     add = parser.add_argument
     add("spec", metavar="recipe", help=RECIPE_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
-    add("--rtol", type=float, metavar="R",
-        help="declared relative tolerance (default: exact, or float64 mode's fixed tolerance where that applies)")
-    add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
+    if tolerance:  # not for checks that compare no runs
+        add("--rtol", type=float, metavar="R",
+            help="declared relative tolerance (default: exact, or float64 mode's fixed tolerance where that applies)")
+        add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
     add("--seed", type=int, default=0, help="the seed of torch, numpy and random before setup() (default: 0)")
     add("--isolation", choices=isolations, default=None,
         help="where each run executes: a child of the warmed fork server (process), a fresh interpreter "
@@ -235,6 +253,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("--backend", default="gloo", help="torch.distributed backend: gloo (CPU) or nccl (default: gloo)")
     add("--steps", type=int, default=3, help="steps of training compared (default: 3)")
     _precision_option(parallel)
+
+    coverage_of_optimizers = _command(
+        commands, "optimizer-coverage", "optimizer coverage: every trainable parameter in exactly one optimizer "
+        "group, frozen ones in none, every parameter reached by a gradient", Command(_run_optimizer_coverage,
+                                                                                    OptimizerCoverageResult))
+    _recipe_options(coverage_of_optimizers, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
+    coverage_of_optimizers.add_argument("--steps", type=int, default=1,
+                                        help="calls of step() observed after setup() (default: 1; 0: setup() only)")
+
+    mixed = _command(commands, "mixed-precision", "mixed precision: the GradScaler's contract (scaler.step, update, "
+                     "unscale_ before clipping, skipped steps) and non-finite losses, gradients and parameters",
+                     Command(_run_mixed_precision, MixedPrecisionResult))
+    _recipe_options(mixed, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
+    add = mixed.add_argument
+    add("--steps", type=int, default=4, help="calls of step() observed (default: 4)")
+    add("--max-skipped-steps", type=int, default=None, metavar="N",
+        help="optimizer steps the GradScaler may skip (default: half of its scaler.step() calls)")
 
     script = commands.add_parser(
         "resume-script", help="resume equivalence of an unmodified training script, run as real processes",

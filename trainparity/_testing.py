@@ -20,6 +20,8 @@ from trainparity._assertions import (
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
+    assert_mixed_precision_safe,
+    assert_optimizer_coverage,
     assert_passed,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
@@ -80,6 +82,8 @@ class TrainParityMixin:
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)
+    assertOptimizerCoverage = _method(assert_optimizer_coverage)
+    assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

@@ -169,7 +169,8 @@ def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]
             "nonfinite_loss", "loss",
             f"step() returned a non-finite loss ({step.loss}) at step {n}: the forward pass produced an inf or a NaN, "
             "so its gradients are not finite either. Find where (torch.autograd.set_detect_anomaly, a log of 0, "
-            "a division by a zero count, an overflow in float16).", step=n, actual=json_safe(step.loss),
+            "a division by a zero count, an overflow in float16).", step=n, expected="finite",
+            actual=json_safe(step.loss),
             cause="nonfinite_loss"))
     for clip in step.clips:
         if clip.scaled:
@@ -181,11 +182,11 @@ def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]
                 "Call scaler.unscale_(optimizer) before clipping.", step=n, cause="clip_before_unscale"))
     for direct in step.direct():
         if scaler is not None:
-            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(direct.scale)}: the update is that "
-                   "many times too large, and" if direct.scale is not None else "after scaler.unscale_():")
+            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(direct.scale)} (an update that many "
+                   "times too large)" if direct.scale is not None else "after scaler.unscale_()")
             found.append(Violation(
                 "scaler_step_bypassed", direct.optimizer,
-                f"Optimizer '{direct.optimizer}' stepped in step {n} outside scaler.step(), {how} steps whose "
+                f"Optimizer '{direct.optimizer}' stepped in step {n} outside scaler.step(), {how}: steps whose "
                 "gradients hold an inf or a NaN are not skipped, and the loss scale never adapts. Call "
                 "scaler.step(optimizer) instead of optimizer.step(), then scaler.update().",
                 step=n, cause="scaler_step_bypassed"))
@@ -269,7 +270,7 @@ def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
         skipped = _skipped_violation(trace, scaler, max_skipped_steps)
         if skipped is not None:
             violations.append(skipped)
-        else:
+        if violations[:1] != [skipped]:  # the report shows the loss-scale trace once: in the first violation, or here
             notes.append(f"GradScaler '{scaler}': {_scale_trace(trace)}")
     return MixedPrecisionResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
 

@@ -190,8 +190,13 @@ def _layout_violations(layout: Layout) -> Iterator[Violation]:
         which = (f"none of its {total} parameters belongs to a module (or is a tensor entry) of the State"
                  if len(foreign) == total else
                  f"{len(foreign)} of its {total} parameters belong to no module (and are no tensor entry) of the State")
-        where = _listed([f"{f.group} position {f.position} (shape {_shape(f.shape)})" for f in foreign])
-        message = f"Optimizer '{entry}' {when}: {which}: {where}. Stepping them changes nothing the State trains."
+        positions: dict[str, list[str]] = {}
+        for f in foreign:
+            positions.setdefault(f.group, []).append(str(f.position))
+        where = "; ".join(f"{group} positions {_listed(listed)}" for group, listed in positions.items())
+        shapes_text = _listed([_shape(f.shape) for f in foreign])
+        message = (f"Optimizer '{entry}' {when}: {which} ({where}; shapes {shapes_text}). Stepping them changes "
+                   "nothing the State trains.")
         if sum(matched.values()) == len(foreign):
             copied_shapes.update(matched)
             message += ("\nIts parameters have the shapes of State parameters that no optimizer holds: it was built "

@@ -1,0 +1,68 @@
+"""Snapshots of the preflight checks' reports: the form users read and pin with expecttest."""
+
+from __future__ import annotations
+
+import preflight_recipes as recipes
+
+import trainparity as tp
+
+
+class TestPreflightReports(tp.TestCase):
+    def test_optimizer_for_another_copy_of_the_model(self) -> None:
+        self.assertExpectedInline(tp.check_optimizer_coverage(recipes.OptimizerForCopy).report(), """\
+trainparity optimizer_coverage check: FAIL at optimizer (optimizer_for_other_model, step 0)
+config: isolation='inprocess', recipe='preflight_recipes:OptimizerForCopy', seed=0, steps=1
+
+First violation: optimizer (step 0, kind: optimizer_for_other_model, cause: optimizer_for_other_model)
+  Optimizer 'optimizer' right after setup(): none of its 4 parameters belongs to a module (or is a tensor entry) of the State (optimizer.param_groups.0 positions 0, 1, 2, 3; shapes [16, 8], [16], [1, 16], [1]). Stepping them changes nothing the State trains.
+  Its parameters have the shapes of State parameters that no optimizer holds: it was built for another copy of the model (one rebuilt, deep-copied or reloaded after the optimizer was created). Build the optimizer from the model that the State holds.
+  expected: 0
+  actual:   4
+
+All violations (5):
+  1. optimizer (step 0, kind: optimizer_for_other_model, cause: optimizer_for_other_model)
+  2. parameters.0.weight (step 0, kind: param_not_optimized, cause: optimizer_for_other_model)
+  3. parameters.0.bias (step 0, kind: param_not_optimized, cause: optimizer_for_other_model)
+  4. parameters.2.weight (step 0, kind: param_not_optimized, cause: optimizer_for_other_model)
+  5. parameters.2.bias (step 0, kind: param_not_optimized, cause: optimizer_for_other_model)""")
+
+    def test_param_without_grad(self) -> None:
+        self.assertExpectedInline(tp.check_optimizer_coverage(recipes.UnusedHead, steps=2).report(), """\
+trainparity optimizer_coverage check: FAIL at gradients.aux.weight (param_without_grad, step 1)
+config: isolation='inprocess', recipe='preflight_recipes:UnusedHead', seed=0, steps=2
+
+First violation: gradients.aux.weight (step 1, kind: param_without_grad, cause: param_without_grad)
+  Parameter 'aux.weight' requires grad and an optimizer holds it, but no gradient reached it in steps 1, 2 (of 2 with a backward pass): it took no part in the loss. DistributedDataParallel then fails ('Expected to have finished reduction in the prior iteration') unless find_unused_parameters=True; use it in the loss, freeze it, or remove it from the model.
+  expected: 2
+  actual:   0
+
+All violations (2):
+  1. gradients.aux.weight (step 1, kind: param_without_grad, cause: param_without_grad)
+  2. gradients.aux.bias (step 1, kind: param_without_grad, cause: param_without_grad)""")
+
+    def test_skipped_steps_with_the_loss_scale_trace(self) -> None:
+        self.assertExpectedInline(tp.check_mixed_precision(recipes.NanLoss).report(), """\
+trainparity mixed_precision check: FAIL at loss (nonfinite_loss, step 2)
+config: isolation='inprocess', max_skipped_steps=None, recipe='preflight_recipes:NanLoss', seed=0, steps=4
+
+First violation: loss (step 2, kind: nonfinite_loss, cause: nonfinite_loss)
+  step() returned a non-finite loss (-inf) at step 2: the forward pass produced an inf or a NaN, so its gradients are not finite either. Find where (torch.autograd.set_detect_anomaly, a log of 0, a division by a zero count, an overflow in float16).
+  Also at steps 3, 4.
+  expected: 'finite'
+  actual:   '-inf'
+
+All violations (2):
+  1. loss (step 2, kind: nonfinite_loss, cause: nonfinite_loss)
+  2. scaler.scale (step 4, kind: skipped_steps, cause: skipped_steps)
+
+Notes:
+  - GradScaler 'scaler': Loss scale at each scaler.step(): 1024 (step 1), 1024 (step 2, skipped), 512 (step 3, skipped), 256 (step 4, skipped); after the last update(): 128.""")
+
+    def test_scaler_step_bypassed(self) -> None:
+        self.assertExpectedInline(tp.check_mixed_precision(recipes.StepsOptimizerDirectly, steps=2).report(), """\
+trainparity mixed_precision check: FAIL at optimizer (scaler_step_bypassed, step 1)
+config: isolation='inprocess', max_skipped_steps=None, recipe='preflight_recipes:StepsOptimizerDirectly', seed=0, steps=2
+
+First violation: optimizer (step 1, kind: scaler_step_bypassed, cause: scaler_step_bypassed)
+  Optimizer 'optimizer' stepped in step 1 outside scaler.step(), on gradients GradScaler 'scaler' still scaled by 1024 (an update that many times too large): steps whose gradients hold an inf or a NaN are not skipped, and the loss scale never adapts. Call scaler.step(optimizer) instead of optimizer.step(), then scaler.update().
+  Also at step 2.""")
