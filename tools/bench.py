@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel,wire,scale}`.
+"""Benchmarks: `python tools/bench.py {resume,accumulation,coverage,data-parallel,wire,scale,preflight}`.
 
 Speed goals live here, never in timed unit tests. Each benchmark prints its figures and,
 where a goal is a ratio, the reference measured in the same run.
@@ -684,6 +684,63 @@ def bench_scale(args: argparse.Namespace) -> None:
 
 BENCHMARKS["scale"] = bench_scale
 
+
+def bench_preflight(args: argparse.Namespace) -> None:
+    """The preflight checks in-process, after import, on the quickstarts' small MLPs (target <= 50 ms each):
+    `check_optimizer_coverage` (setup and 1 step) and `check_mixed_precision` (4 steps under autocast with a
+    CPU GradScaler). Prints torch's one-time start-up, then the first check, the median of 20 with torch's
+    default intra-op threads and with one thread, and plain training of the same steps (setup() and step()
+    calls, no check) for reference.
+    """
+    import statistics
+
+    import torch
+
+    import trainparity as tp
+    from trainparity.quickstarts.mixed_precision import AmpRegression
+    from trainparity.quickstarts.optimizer_coverage import FineTune
+
+    def plain(recipe: Any, steps: int) -> float:
+        start = time.perf_counter()
+        torch.manual_seed(0)
+        state = recipe.setup()
+        batches = iter(recipe.batches(state))
+        for _ in range(steps):
+            recipe.step(state, next(batches))
+        return time.perf_counter() - start
+
+    def checked(check: Callable[[], tp.Result]) -> float:
+        start = time.perf_counter()
+        result = check()
+        elapsed = time.perf_counter() - start
+        assert result.passed, result.report()
+        return elapsed
+
+    print(f"preflight checks, small MLPs, in-process (target <= 50 ms each); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    start = time.perf_counter()
+    _warm_up()
+    print(f"torch's one-time start-up (first AdamW step of an unrelated model, no check): "
+          f"{time.perf_counter() - start:.3f} s")
+    cases: list[tuple[str, Callable[[], tp.Result], Any, int]] = [
+        ("check_optimizer_coverage, 1 step", lambda: tp.check_optimizer_coverage(FineTune, steps=1), FineTune(), 1),
+        ("check_mixed_precision, 4 steps", lambda: tp.check_mixed_precision(AmpRegression, steps=4),
+         AmpRegression(), 4),
+    ]
+    threads = torch.get_num_threads()
+    for name, check, recipe, steps in cases:
+        print(f"{name}: first check {checked(check) * 1e3:.1f} ms")
+        for count in dict.fromkeys((threads, 1)):
+            torch.set_num_threads(count)
+            warm = statistics.median(checked(check) for _ in range(20))
+            training = statistics.median(plain(recipe, steps) for _ in range(20))
+            verdict = "pass" if warm <= 0.05 else "FAIL"
+            print(f"  median of 20, torch threads={count}: {warm * 1e3:.1f} ms ({verdict}); plain training of the "
+                  f"same steps: {training * 1e3:.1f} ms")
+        torch.set_num_threads(threads)
+
+
+BENCHMARKS["preflight"] = bench_preflight
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
