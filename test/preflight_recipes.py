@@ -298,6 +298,14 @@ class StepsDirectlyThenUpdates(Amp):
         state.scaler.update()
 
 
+class StepsDirectlyThenRaises(Amp):
+    """optimizer.step() instead of scaler.step(), then an error of the recipe's own."""
+
+    def update(self, state: tp.State) -> None:
+        state.optimizer.step()
+        raise ValueError("the logger broke")
+
+
 class UpdateMissing(Amp):
     """scaler.step() without scaler.update()."""
 

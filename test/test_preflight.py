@@ -121,7 +121,9 @@ def test_steps_zero_judges_setup_only() -> None:
 def test_an_optimizer_built_in_the_first_step_is_judged_after_it() -> None:
     result = tp.check_optimizer_coverage(recipes.LazyOptimizer)
     assert result.passed, result.report()
-    assert result.notes == ["Right after setup() the State held no optimizer: the optimizers were judged after step 1."]
+    assert result.notes == ["Right after setup() the State held no optimizer: the optimizers were judged after step 1, "
+                            "and param_without_grad was not judged (its gradient hooks sit on the parameters that the "
+                            "optimizers hold right after setup())."]
 
 
 def test_a_finding_that_appears_during_training_is_reported_after_its_step() -> None:
@@ -184,8 +186,13 @@ def test_scaler_step_bypassed(recipe: type[tp.Recipe], how: str) -> None:
 def test_scaler_step_bypassed_then_update_raising_is_a_fail_not_an_error() -> None:
     result = tp.check_mixed_precision(recipes.StepsDirectlyThenUpdates)
     assert found(result) == [("scaler_step_bypassed", "optimizer", 1, "scaler_step_bypassed")]
-    assert result.notes == ["Step 1 then raised AssertionError: No inf checks were recorded prior to update. (what "
-                            "the GradScaler does when scaler.update() follows no scaler.step()); the run ended there."]
+    assert result.notes == ["Step 1 then raised AssertionError: No inf checks were recorded prior to update. "
+                            "(scaler.update() after no scaler.step()); the run ended there."]
+
+
+def test_another_error_after_a_bypass_is_the_recipes_error() -> None:
+    result = tp.check_mixed_precision(recipes.StepsDirectlyThenRaises)
+    assert result.outcome is tp.Outcome.ERROR and isinstance(result.exception, ValueError)
 
 
 def test_scaler_update_missing_ends_the_run_before_the_scaler_raises() -> None:

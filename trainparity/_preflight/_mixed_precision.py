@@ -127,18 +127,29 @@ def _nonfinite_parameters(observer: Observer) -> list[str]:
     return [name for name, parameter in observer.parameters() if nonfinite(parameter.detach())]
 
 
+def _raised_in_update(error: BaseException) -> bool:
+    """Whether `error` was raised inside `torch.amp.GradScaler.update`."""
+    update = torch.amp.GradScaler.update.__code__
+    frame = error.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code is update:
+            return True
+        frame = frame.tb_next
+    return False
+
+
 def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
     `scaler.update()` followed (the next `scaler.step()` would raise)."""
     with observed_recipe(payload, record_contributions=False) as (recipe, observer):
         scalers = list(state_objects(observer.state, torch.amp.GradScaler))
 
-        def outside_scaler_step(record: CallRecord) -> bool:
-            """Whether an optimizer stepped outside scaler.step() in this call: the GradScaler then raises
-            in update() ('No inf checks were recorded prior to update')."""
+        def outside_scaler_step(record: CallRecord, error: Exception) -> bool:
+            """Whether `error` is the GradScaler's update() refusing to run after an optimizer step outside
+            scaler.step() in this call ('No inf checks were recorded prior to update')."""
             inside = {s.order for s in record.scaler_steps}
             events = (event for events in observer.step_events.values() for event in events)
-            return observer.scaler is not None and any(event.order not in inside for event in events)
+            return _raised_in_update(error) and any(event.order not in inside for event in events)
 
         trace = PrecisionTrace([e for e, s in scalers if s.is_enabled()], [e for e, s in scalers if not s.is_enabled()],
                                list(observer.optimizers), _nonfinite_parameters(observer), [])
@@ -259,8 +270,8 @@ def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
     for step in trace.steps:
         found += _step_violations(step, scaler)
         if step.error is not None:
-            notes.append(f"Step {step.step} then raised {step.error} (what the GradScaler does when scaler.update() "
-                         "follows no scaler.step()); the run ended there.")
+            notes.append(f"Step {step.step} then raised {step.error} (scaler.update() after no scaler.step()); "
+                         "the run ended there.")
     last = trace.steps[-1].step if trace.steps else 0
     if last < config["steps"] and trace.steps and trace.steps[-1].error is None:
         notes.append(f"The run ended after step {last} of {config['steps']}: the next scaler.step() would raise "

@@ -267,7 +267,9 @@ def judge_optimizer_coverage(trace: CoverageTrace, config: dict[str, Any]) -> Op
             reason=f"the State holds no optimizer, right after setup(){after}: put the optimizer in the State")
     notes = []
     if not trace.layouts[0].optimizers:
-        notes.append(f"Right after setup() the State held no optimizer: the optimizers were judged after step {steps}.")
+        notes.append(f"Right after setup() the State held no optimizer: the optimizers were judged after step {steps}, "
+                     "and param_without_grad was not judged (its gradient hooks sit on the parameters that the "
+                     "optimizers hold right after setup()).")
     if not steps:
         notes.append("steps=0: param_without_grad was not judged (no step was taken).")
     silent = [step for step, names in enumerate(trace.without_grad, start=1) if names is None]

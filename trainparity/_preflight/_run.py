@@ -88,10 +88,10 @@ class Call:
 
 
 def observed_calls(recipe: Recipe[Any], observer: Observer, steps: int,
-                   tolerate: Callable[[CallRecord], bool] | None = None) -> Iterator[Call]:
+                   tolerate: Callable[[CallRecord, Exception], bool] | None = None) -> Iterator[Call]:
     """`steps` calls of `recipe.step()` on its batches, each observed.
 
-    When a call raises and `tolerate(record)` says that what it observed explains the error, the call
+    When a call raises and `tolerate(record, error)` says that what it observed explains the error, the call
     is yielded with the error and the run ends; otherwise the error propagates (the check's ERROR).
     """
     name = type(recipe).__name__
@@ -103,7 +103,7 @@ def observed_calls(recipe: Recipe[Any], observer: Observer, steps: int,
                 returned = recipe.step(observer.state, batch)
             except Exception as error:
                 record = observer.end_call()
-                if tolerate is None or not tolerate(record):
+                if tolerate is None or not tolerate(record, error):
                     raise
                 yield Call(number, record, f"{type(error).__name__}: {error}")
                 return
