@@ -272,3 +272,28 @@ def test_opaque_state_entries_are_named_in_the_notes() -> None:
     result = resume(WithOpaqueEntry())
     assert result.outcome is tp.Outcome.PASS, result.report()
     assert any(note.startswith("not compared: blob (object)") for note in result.notes), result.notes
+
+
+# 11. A check at module level ----------------------------------------------------------------------------------
+
+
+def test_a_check_at_module_level_is_an_error_not_a_check_in_every_child(tmp_path: pathlib.Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "module_level_check.py").write_text(textwrap.dedent("""
+        import trainparity as tp
+        from fault_recipes import Faulty
+
+        class Recipe(Faulty):
+            pass
+
+        RESULT = tp.check_resume(Recipe(), steps=2, resume_at=1, timeout=60)  # no __main__ guard
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "module_level_check", raising=False)
+    import module_level_check
+
+    result = module_level_check.RESULT
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert "a check that starts processes was called while trainparity imported 'module_level_check'" in \
+        result.error.message
+    sys.modules.pop("module_level_check", None)

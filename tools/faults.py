@@ -49,7 +49,8 @@ import trainparity as tp  # noqa: E402
 from trainparity import _engine  # noqa: E402
 from trainparity._tree import JOB_MARKER  # noqa: E402
 
-TIMEOUTS = {"process": 6.0, "spawn": 20.0}
+#: long enough for a spawned interpreter to import torch and reach the phase under load
+TIMEOUTS = {"process": 5.0, "spawn": 15.0}
 CHECK_PHASES = {
     "resume": recipes.PHASES,
     "accumulation": ("setup", "batches", "step", "sample_ids"),
@@ -158,7 +159,7 @@ def matrix(quick: bool) -> Iterator[Row]:
                 for fault in recipes.FAULTS:
                     if fault == "huge_output" and phase != "step":
                         continue  # where the output comes from changes nothing
-                    timeout = TIMEOUTS[isolation] + (10.0 if check == "data parallel" else 0.0)
+                    timeout = TIMEOUTS[isolation] + (5.0 if check == "data parallel" else 0.0)
                     yield run_row(check, isolation, phase, fault, _checker(check, isolation, phase, fault, timeout),
                                   timeout)
     for fault in COVERAGE_FAULTS:

@@ -51,6 +51,7 @@ from trainparity._child import (
     load_task,
 )
 from trainparity._result import ChildError
+from trainparity._session import refuse_processes_while_importing
 from trainparity._tree import JOB_MARKER, kill_tree
 
 ISOLATIONS = ("process", "spawn", "inprocess")
@@ -323,6 +324,8 @@ def run_jobs(
     """
     if on_failure not in FAILURE_POLICIES:
         raise ValueError(f"on_failure must be one of {FAILURE_POLICIES}, got {on_failure!r}")
+    if isolation != "inprocess":
+        refuse_processes_while_importing()
     for index, job in enumerate(jobs):
         if job.after is not None and not 0 <= job.after < index:
             raise ValueError(f"Job.after must name an earlier job, got {job.after} for job {index}")

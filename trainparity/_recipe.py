@@ -23,6 +23,7 @@ from typing import Any, Generic, Self, TypeAlias
 import torch
 from typing_extensions import TypeVar
 
+from trainparity import _session
 from trainparity._state import State, load_state, save_state
 
 
@@ -211,19 +212,20 @@ def load_module(name: str, file: str | None) -> ModuleType:
     module = sys.modules.get(name)
     if module is not None:
         return module
-    if file is None or _origin(name) == file:
-        return import_module(name)
-    spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load module {name!r} from {file}", name=name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    with _session.importing(name):
+        if file is None or _origin(name) == file:
+            return import_module(name)
+        spec = importlib.util.spec_from_file_location(name, file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load module {name!r} from {file}", name=name)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
 
 
 # -- specs: `package.module:Class`, `path/to/file.py:Class`, `module:Class(k=1, name="x")` ----------

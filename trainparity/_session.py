@@ -9,10 +9,11 @@ checks of a run by outcome.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal, ParamSpec, TypeAlias, TypeVar, cast
 
 from trainparity._result import Result
@@ -83,6 +84,32 @@ def add_listener(listener: Callable[[Result], None]) -> None:
 
 def remove_listener(listener: Callable[[Result], None]) -> None:
     _listeners.remove(listener)
+
+
+#: the module a check's run is importing to rebuild the recipe, while it does
+_importing: contextvars.ContextVar[str | None] = contextvars.ContextVar("trainparity_importing", default=None)
+
+
+@contextlib.contextmanager
+def importing(module: str) -> Iterator[None]:
+    """Mark the import of a recipe's module (see `refuse_processes_while_importing`)."""
+    token = _importing.set(module)
+    try:
+        yield
+    finally:
+        _importing.reset(token)
+
+
+def refuse_processes_while_importing() -> None:
+    """A check that starts processes, called while a recipe's module is imported to rebuild the recipe, is a
+    check at module level (a script without an `if __name__ == "__main__":` guard): each of its processes
+    would import the module and start that check again."""
+    module = _importing.get()
+    if module is not None:
+        raise RuntimeError(
+            f"a check that starts processes was called while trainparity imported {module!r} to rebuild a "
+            "recipe: at module level it runs again in every process that imports the module. Call it under "
+            "`if __name__ == \"__main__\":` or from a test function.")
 
 
 def recorded(check: Callable[P, R]) -> Callable[P, R]:
