@@ -53,7 +53,7 @@ from trainparity._tree import JOB_MARKER  # noqa: E402
 TIMEOUTS = {"process": 5.0, "spawn": 15.0}
 CHECK_PHASES = {
     "resume": recipes.PHASES,
-    "accumulation": ("setup", "batches", "step", "sample_ids"),
+    "accumulation": ("setup", "batches", "step"),  # it never asks for sample IDs
     "data parallel": ("setup", "batches", "step", "sample_ids"),
 }
 #: faults of user iterables that check_coverage reads in this process
@@ -87,11 +87,16 @@ HEADER = ["check", "isolation", "phase", "fault", "outcome", "error kind", "left
 
 
 def marked_processes() -> list[int]:
+    """Running processes that a check of this matrix started (its job marker, and our TMPDIR: not another
+    test run's)."""
+    ours = f"TMPDIR={SCRATCH / 'tmp'}".encode()
     found = []
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (JOB_MARKER + "=").encode() in (entry / "environ").read_bytes() and running(int(entry.name)):
+                environ = (entry / "environ").read_bytes().split(b"\0")
+                if any(v.startswith((JOB_MARKER + "=").encode()) for v in environ) and ours in environ \
+                        and running(int(entry.name)):
                     found.append(int(entry.name))
             except OSError:
                 continue
@@ -151,8 +156,7 @@ def run_row(check: str, isolation: str, phase: str, fault: str, call: Callable[[
                "; ".join(problems) or None)
 
 
-def matrix(quick: bool) -> Iterator[Row]:
-    isolations = ("process",) if quick else ("process", "spawn")
+def matrix(quick: bool, isolations: tuple[str, ...]) -> Iterator[Row]:
     for check, phases in CHECK_PHASES.items():
         for isolation in isolations:
             for phase in ("step",) if quick else phases:
@@ -307,9 +311,12 @@ def render(rows: list[Row], command: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the bounded subset CI runs")
+    parser.add_argument("--isolation", choices=("process", "spawn"), action="append",
+                        help="only this isolation (repeatable; default: process, and spawn too unless --quick)")
     parser.add_argument("--write", metavar="PATH", help="save the table as Markdown")
     options = parser.parse_args()
-    command = "python tools/faults.py" + (" --quick" if options.quick else "") + (
+    command = "python tools/faults.py" + (" --quick" if options.quick else "") + "".join(
+        f" --isolation {isolation}" for isolation in options.isolation or ()) + (
         f" --write {options.write}" if options.write else "")
     rows: list[Row] = []
     # The children's output (huge output, the recipes' tracebacks) is not the matrix's.
@@ -317,8 +324,8 @@ def main() -> int:
     log = open(SCRATCH / "children.log", "wb")  # noqa: SIM115
     os.dup2(log.fileno(), 2)
     try:
-        isolations = ("process",) if options.quick else ("process", "spawn")
-        for row in itertools.chain(matrix(options.quick), interrupts(10 if options.quick else 40),
+        isolations = tuple(options.isolation or (("process",) if options.quick else ("process", "spawn")))
+        for row in itertools.chain(matrix(options.quick, isolations), interrupts(10 if options.quick else 40),
                                    (sigterm(isolation) for isolation in isolations),
                                    (leak_loop(checks) for checks in ((30,) if options.quick else (200,)))):
             rows.append(row)
