@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -161,15 +162,18 @@ All violations (9):
 def _run_recording(monkeypatch: pytest.MonkeyPatch, fault: str, timeout: float) -> tuple[tp.DataParallelResult,
                                                                                          dict[int, int], list[str]]:
     """Run a faulty recipe; return the result, {pid: rank} of every process that ran it, and the scratch dirs."""
+    from trainparity import _data_parallel
+
     scratch: list[str] = []
-    mkdtemp = tempfile.mkdtemp
+    made = _data_parallel.scratch_directory
 
-    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
-        path: str = mkdtemp(*args, **kwargs)
-        scratch.append(path)
-        return path
+    @contextlib.contextmanager
+    def recording(prefix: str) -> Iterator[pathlib.Path]:
+        with made(prefix) as path:
+            scratch.append(str(path))
+            yield path
 
-    monkeypatch.setattr(tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(_data_parallel, "scratch_directory", recording)
     with tempfile.TemporaryDirectory() as pid_dir:
         result = check(fault, pid_dir=pid_dir, timeout=timeout)
         pids = {int(f.name): int(f.read_text()) for f in pathlib.Path(pid_dir).iterdir()}

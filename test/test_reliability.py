@@ -12,6 +12,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -74,8 +75,10 @@ def pid_dir(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 # 1. Ctrl-C while the fork server starts a child ---------------------------------------------------
 
 
-def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running() -> None:
+def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathlib.Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     _engine.warm_up()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the checks' temporary directories go
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -94,6 +97,7 @@ def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running() -> None:
             while server_children() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert server_children() == [], f"interrupted {delay_ms} ms into the check"
+            assert list(tmp_path.glob("trainparity-*")) == [], f"interrupted {delay_ms} ms into the check"
     finally:
         signal.signal(signal.SIGALRM, previous)
     # nothing stale is left in the protocol either: the next check runs normally

@@ -19,8 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import shutil
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -42,7 +40,7 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._coverage import ExactlyOnce, check_coverage
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, scratch_directory
 from trainparity._observe import Observer
 from trainparity._precision import (
     cast_batch,
@@ -274,8 +272,7 @@ def check_data_parallel(
         "comparison": describe_comparison(declared, precision),
         "isolation": isolation,
     }
-    scratch = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-dp-"))
-    try:
+    with scratch_directory("trainparity-dp-") as scratch:
         def job(rank: int, size: int, tag: str) -> Job:
             payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), precision)
             return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
@@ -283,8 +280,6 @@ def check_data_parallel(
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
         outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), on_failure="all")
         error = _first_error(outcomes, timeout)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     if error is not None:
         result = DataParallelResult.errored(error, config)
         hint = dtype_error_hint(error.message) if precision == "float64" else None

@@ -27,6 +27,7 @@ import os
 import pathlib
 import pickle
 import re
+import secrets
 import select
 import shutil
 import signal
@@ -280,6 +281,26 @@ def shutdown() -> None:
 # -- running jobs ----------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def scratch_directory(prefix: str) -> Iterator[pathlib.Path]:
+    """A new temporary directory, removed on the way out, even by a Ctrl-C that comes as it is made:
+    its name is chosen before it exists, so the cleanup knows it whenever the signal arrives."""
+    while True:
+        path = pathlib.Path(tempfile.gettempdir()) / f"{prefix}{secrets.token_hex(6)}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        except BaseException:
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        break
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 class Terminated(SystemExit):
     """SIGTERM arrived while children were running: every cleanup on the way out runs (children
     killed, temporary files removed), then the process exits with status 143 (128 + SIGTERM)."""
@@ -339,26 +360,21 @@ def run_jobs(
             else:
                 done.append(_run_inprocess(job))
         return done
-    workroot = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-"))
-    try:
-        with _sigterm_cleans_up(), _SERVER_LOCK:
-            launcher = _SERVER if isolation == "process" else Spawner()
-            if launcher is _SERVER:
-                _SERVER.ensure_running()  # before the clock starts: the server's warm-up is not the jobs' time
-            batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), on_failure)
-            return batch.run()
-    finally:
-        shutil.rmtree(workroot, ignore_errors=True)
+    with scratch_directory("trainparity-") as workroot, _sigterm_cleans_up(), _SERVER_LOCK:
+        launcher = _SERVER if isolation == "process" else Spawner()
+        if launcher is _SERVER:
+            _SERVER.ensure_running()  # before the clock starts: the server's warm-up is not the jobs' time
+        batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), on_failure)
+        return batch.run()
 
 
 def _run_inprocess(job: Job) -> JobOutcome:
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-"))
-    try:
-        output = load_task(job.task)(job.payload, workdir)
-    except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
-        return JobOutcome(job.phase, None, ChildError.raised(error_record(error), job.phase, job.rank), exception=error)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with scratch_directory("trainparity-") as workdir:
+        try:
+            output = load_task(job.task)(job.payload, workdir)
+        except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
+            return JobOutcome(job.phase, None, ChildError.raised(error_record(error), job.phase, job.rank),
+                              exception=error)
     return _decoded(job, output)
 
 

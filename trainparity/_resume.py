@@ -11,8 +11,6 @@ the baseline.
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
 from typing import Any
 
 import torch
@@ -28,7 +26,7 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._digest import Digest, digest
-from trainparity._engine import Job, first_error, run_jobs
+from trainparity._engine import Job, first_error, run_jobs, scratch_directory
 from trainparity._recipe import RecipeSpec, resolve_recipe
 from trainparity._result import Outcome, ResumeResult, Violation
 from trainparity._state import validate_seed
@@ -80,8 +78,7 @@ def check_resume(
         "comparison": declared.describe(),
         "isolation": isolation,
     }
-    checkpoint_dir = tempfile.mkdtemp(prefix="trainparity-checkpoint-")
-    try:
+    with scratch_directory("trainparity-checkpoint-") as checkpoint_dir:
         checkpoint = f"{checkpoint_dir}/checkpoint"
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
         run = TrainPayload(ref, seed, 1, steps, checkpoint, digests=isinstance(declared, ExactComparison))
@@ -111,8 +108,6 @@ def check_resume(
         result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
         result.notes.extend(notes)
         return result
-    finally:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,15 +14,13 @@ import dataclasses
 import os
 import pathlib
 import shlex
-import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainparity import _session
 from trainparity._compare import Comparison, compare_snapshots, resolve_comparison
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, validate_timeout
+from trainparity._engine import Job, JobOutcome, first_error, run_jobs, scratch_directory, validate_timeout
 from trainparity._result import ChildError, ResumeResult
 from trainparity._resume import judge_resume
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
@@ -117,8 +115,7 @@ def check_resume_script(
         "resume_at": resume_at,
         "comparison": declared.describe(),
     }
-    chains = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-script-"))
-    try:
+    with scratch_directory("trainparity-script-") as chains:
         job = _Runs(chains, timeout, variables, cwd).job
         handoff = str(chains / "saved-at")
         # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
@@ -135,8 +132,6 @@ def check_resume_script(
             return ResumeResult.errored(error, config)
         interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
         saved_at = interrupted.steps[-1].step
-    finally:
-        shutil.rmtree(chains, ignore_errors=True)
     notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
     if saved_at != resume_at:
         notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step {saved_at}.")

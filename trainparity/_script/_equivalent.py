@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import shlex
-import shutil
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +22,7 @@ import torch
 from trainparity import _session
 from trainparity._accumulation._diagnoses import close, norm
 from trainparity._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
-from trainparity._engine import run_jobs, validate_timeout
+from trainparity._engine import run_jobs, scratch_directory, validate_timeout
 from trainparity._result import Outcome, RunsResult, Violation
 from trainparity._script import Command, _command, _environment, _error, _Runs
 from trainparity._script._hook import ScriptRun
@@ -58,16 +55,13 @@ def check_runs_equivalent(
     timeout = validate_timeout(timeout)
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),
                               "steps": steps, "comparison": declared.describe()}
-    root = pathlib.Path(tempfile.mkdtemp(prefix="trainparity-runs-"))
-    try:
+    with scratch_directory("trainparity-runs-") as root:
         job = _Runs(root, timeout, _environment(env), cwd).job
         run = ScriptRun("baseline", steps, steps, 1, gradients=True)
         outcomes = run_jobs([job("reference", reference_command, "reference", run),
                              job("reference (repeat)", reference_command, "repeat", run),
                              job("candidate", candidate_command, "candidate", run)],
                             isolation="spawn", on_failure="later")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     error = _error(outcomes, steps, steps)
     if error is not None:
         return RunsResult.errored(error, config)
