@@ -5,6 +5,8 @@ from __future__ import annotations
 import pathlib
 import time
 
+from trainparity._tree import JOB_MARKER
+
 
 def running(pid: int) -> bool:
     """A process that exists and is not a zombie (a killed orphan waits for init to reap it)."""
@@ -20,3 +22,19 @@ def still_running(pids: list[int], grace: float = 2.0) -> list[int]:
     while any(running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [pid for pid in pids if running(pid)]
+
+
+def marked_processes(also: bytes | None = None) -> list[int]:
+    """Running processes carrying a trainparity job marker: what a check started and has not killed.
+    `also`: an environment entry (b"NAME=value") they must carry too, to tell one run's from another's."""
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(v.startswith(JOB_MARKER.encode() + b"=") for v in environ) \
+                    and (also is None or also in environ) and running(int(entry.name)):
+                found.append(int(entry.name))
+    return found

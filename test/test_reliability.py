@@ -21,12 +21,11 @@ from collections.abc import Iterator
 import pytest
 import torch
 from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueEntry, WithRngEntry, recorded_pids
-from process_helpers import running, still_running
+from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
 from trainparity import _engine, _wire
 from trainparity._child import RESULT_FILE
-from trainparity._tree import JOB_MARKER
 
 HERE = pathlib.Path(__file__).resolve().parent
 ISOLATIONS = ("process", "spawn")
@@ -34,19 +33,6 @@ ISOLATIONS = ("process", "spawn")
 
 def resume(recipe: tp.Recipe, isolation: str = "process", timeout: float = 60) -> tp.ResumeResult:
     return tp.check_resume(recipe, steps=4, resume_at=2, isolation=isolation, timeout=timeout)
-
-
-def marked_processes() -> list[int]:
-    """Processes carrying a trainparity job marker (what a check started and has not killed)."""
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if JOB_MARKER.encode() + b"=" in (entry / "environ").read_bytes() and running(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def server_children() -> list[int]:
@@ -102,6 +88,35 @@ def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathli
         signal.signal(signal.SIGALRM, previous)
     # nothing stale is left in the protocol either: the next check runs normally
     assert resume(Faulty()).outcome is tp.Outcome.PASS
+
+
+@pytest.mark.parametrize("guard", ["_signals_deferred", "_sigterm_cleans_up"])
+def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python signal handler runs as soon as a call returns: a Ctrl-C pending as the engine holds
+    SIGINT/SIGTERM (or installs its SIGTERM handler) raises right after the change. The change must
+    still be undone, or every later child inherits a blocked SIGTERM and ignores its termination."""
+    real_mask, real_handler = signal.pthread_sigmask, signal.signal
+
+    def mask_then_interrupt(how: int, mask: object) -> object:
+        previous = real_mask(how, mask)  # type: ignore[arg-type]
+        if how == signal.SIG_BLOCK and mask:
+            raise KeyboardInterrupt
+        return previous
+
+    def handler_then_interrupt(signum: int, handler: object) -> object:
+        previous = real_handler(signum, handler)  # type: ignore[arg-type]
+        if handler not in (signal.SIG_DFL, signal.SIG_IGN):
+            raise KeyboardInterrupt
+        return previous
+
+    monkeypatch.setattr(signal, "pthread_sigmask", mask_then_interrupt)
+    monkeypatch.setattr(signal, "signal", handler_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), getattr(_engine, guard)():
+        pass
+    monkeypatch.undo()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == set()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 # 2. A check past its timeout returns promptly --------------------------------------------------------

@@ -43,11 +43,11 @@ sys.path.insert(0, str(TEST_DIR))
 sys.path.insert(0, str(ROOT))
 
 import fault_recipes as recipes  # noqa: E402
-from process_helpers import running, still_running  # noqa: E402
+import process_helpers  # noqa: E402
+from process_helpers import still_running  # noqa: E402
 
 import trainparity as tp  # noqa: E402
 from trainparity import _engine  # noqa: E402
-from trainparity._tree import JOB_MARKER  # noqa: E402
 
 #: long enough for a spawned interpreter to import torch and reach the phase under load
 TIMEOUTS = {"process": 5.0, "spawn": 15.0}
@@ -87,20 +87,8 @@ HEADER = ["check", "isolation", "phase", "fault", "outcome", "error kind", "left
 
 
 def marked_processes() -> list[int]:
-    """Running processes that a check of this matrix started (its job marker, and our TMPDIR: not another
-    test run's)."""
-    ours = f"TMPDIR={SCRATCH / 'tmp'}".encode()
-    found = []
-    for entry in pathlib.Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes().split(b"\0")
-                if any(v.startswith((JOB_MARKER + "=").encode()) for v in environ) and ours in environ \
-                        and running(int(entry.name)):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    """Running processes that a check of this matrix started (not another test run's: our TMPDIR)."""
+    return process_helpers.marked_processes(also=f"TMPDIR={SCRATCH / 'tmp'}".encode())
 
 
 def leftover_files() -> int:

@@ -40,11 +40,9 @@ from trainparity._result import (
     DataParallelResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
-    Outcome,
     Result,
     ResumeResult,
     RunsResult,
-    Violation,
 )
 from trainparity._resume import check_resume
 from trainparity._script import check_resume_script
@@ -53,6 +51,7 @@ from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
 from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
+from trainparity._violation import Outcome, Violation
 
 __all__ = [
     "AccumulationResult",

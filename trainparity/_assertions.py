@@ -34,7 +34,6 @@ from trainparity._result import (
     DataParallelResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
-    Outcome,
     Result,
     ResumeResult,
     RunsResult,
@@ -43,6 +42,7 @@ from trainparity._resume import check_resume
 from trainparity._script import Command, check_resume_script
 from trainparity._script._equivalent import check_runs_equivalent
 from trainparity._session import Isolation, Precision
+from trainparity._violation import Outcome
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
 # pytest frames that set `__tracebackhide__`.

@@ -26,11 +26,11 @@ from trainparity._result import (
     DataParallelResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
-    Outcome,
     Result,
     ResumeResult,
 )
 from trainparity._version import __version__
+from trainparity._violation import Outcome
 
 EXIT_CODES = {Outcome.PASS: 0, Outcome.FAIL: 1, Outcome.ABSTAIN: 2, Outcome.ERROR: 3}
 USAGE_ERROR = 4

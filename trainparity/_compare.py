@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import torch
 
 from trainparity._digest import Digest, digest
-from trainparity._result import JsonValue, json_safe
+from trainparity._violation import JsonValue, json_safe
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None

@@ -51,11 +51,12 @@ from trainparity._precision import (
     running_in,
 )
 from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, resolve_recipe
-from trainparity._result import ChildError, DataParallelResult, Outcome, Violation
+from trainparity._result import ChildError, DataParallelResult
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import to_leaf
 from trainparity._state import seed_everything, validate_seed
 from trainparity._trace import next_batch, require_state
+from trainparity._violation import Outcome, Violation
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"

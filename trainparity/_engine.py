@@ -119,9 +119,11 @@ def validate_timeout(timeout: object) -> float:
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM while a protocol line is written: a line cut in half corrupts the pipe."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    # The mask is read before it is changed, and changed inside the `try`: an interrupt that comes
+    # right after the change (a Python handler runs after the call returns) still restores it.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -319,8 +321,8 @@ def _sigterm_cleans_up() -> Iterator[None]:
     def terminate(signum: int, frame: object) -> None:
         raise Terminated
 
-    signal.signal(signal.SIGTERM, terminate)
     try:
+        signal.signal(signal.SIGTERM, terminate)  # inside the `try`: an interrupt right after still restores
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

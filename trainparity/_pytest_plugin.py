@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from trainparity import _session
-from trainparity._result import Outcome, Result
+from trainparity._result import Result
 from trainparity._version import __version__
+from trainparity._violation import Outcome
 
 #: where an xdist worker leaves its counts for the controller
 WORKER_OUTPUT_KEY = "trainparity_checks"

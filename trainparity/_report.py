@@ -14,8 +14,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from trainparity._compare import format_number
-from trainparity._result import JsonValue, Outcome, Violation, json_safe
 from trainparity._version import __version__
+from trainparity._violation import JsonValue, Outcome, Violation, json_safe
 
 if TYPE_CHECKING:
     from trainparity._result import Result

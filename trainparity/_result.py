@@ -1,58 +1,13 @@
-"""Outcomes, violations and results: the records every check produces.
-
-Shaped after torch.testing's mismatch records: small, flat, carrying a dotted path,
-rendered into one message by the report module. Everything here is JSON-friendly so
-that `Result.to_json()` needs no special cases.
-"""
+"""Results: what every check returns, its violations ordered, rendered by the report module."""
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections import Counter
-from typing import Any, ClassVar, NoReturn, Self, TypeAlias
+from typing import ClassVar, NoReturn, Self
 
-JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
-
-
-class Outcome(enum.StrEnum):
-    """The verdict of a check."""
-
-    PASS = "PASS"
-    FAIL = "FAIL"
-    #: The evidence is missing or ambiguous (e.g. the baseline is not reproducible): never a guess.
-    ABSTAIN = "ABSTAIN"
-    #: The user's code raised, hung past the timeout, or its process died.
-    ERROR = "ERROR"
-
-
-@dataclasses.dataclass(frozen=True)
-class Violation:
-    """One observed divergence.
-
-    `kind` says what was observed (snake_case), `path` where (dotted, rooted at a State
-    entry, `rng.<stream>`, `data.sample_ids`, `loss`, a phase or `coverage.<kind>`),
-    `message` the torch.testing-style detail. `cause` is a diagnosis code where one is
-    known; it names the first observed divergence, not a proven root cause. Fields that
-    do not apply are None, never 0 by default.
-    """
-
-    kind: str
-    path: str
-    message: str
-    step: int | None = None
-    expected: JsonValue = None
-    actual: JsonValue = None
-    cause: str | None = None
-    sample_id: int | str | None = None
-    rank: int | None = None
-    epoch: int | None = None
-    position: int | None = None
-    worker: int | None = None
-
-    def to_dict(self) -> dict[str, JsonValue]:
-        # vars() rather than dataclasses.fields(): a failing coverage audit may hold millions.
-        return dict(vars(self))
+from trainparity._report import brief_location, render_json, render_text
+from trainparity._violation import JsonValue, Outcome, Violation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +85,6 @@ class Result:
 
     def report(self) -> str:
         """Stable, ASCII, human-readable text: the form expecttest snapshots."""
-        from trainparity._report import render_text
-
         return render_text(self)
 
     def to_json(self, *, include_environment: bool = False) -> str:
@@ -139,8 +92,6 @@ class Result:
 
         No PIDs, timings or absolute paths unless `include_environment=True`.
         """
-        from trainparity._report import render_json
-
         return render_json(self, include_environment=include_environment)
 
     def __str__(self) -> str:
@@ -148,8 +99,6 @@ class Result:
 
     def __repr__(self) -> str:
         """One line: `<ResumeResult FAIL at scheduler.last_epoch (not_restored, step 3), 66 violations>`."""
-        from trainparity._report import brief_location
-
         name, first = type(self).__name__, self.first_violation
         if self.outcome is Outcome.FAIL:
             where = f" at {brief_location(first)}" if first is not None else ""
@@ -162,8 +111,8 @@ class Result:
         # `assert result` would pass on a FAIL: a result has no truth value.
         raise TypeError(
             f"a trainparity {type(self).__name__} has no truth value (it is {self.outcome.value}): test "
-            "`result.passed`, or assert with tp.assert_resume_equivalent, tp.assert_accumulation_equivalent, "
-            "tp.assert_coverage or tp.assert_data_parallel_equivalent, which raise with the report"
+            "`result.passed`, or assert with the check's assertion (tp.assert_resume_equivalent for "
+            "check_resume, and so on for every check), which raises with the report"
         )
 
 
@@ -193,22 +142,3 @@ class MixedPrecisionResult(Result):
 
 class RunsResult(Result):
     check: ClassVar[str] = "runs_equivalent"
-
-
-def json_safe(value: Any) -> JsonValue:
-    """Coerce a small value into JSON: numbers, strings, lists and string-keyed dicts."""
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and abs(value) != float("inf") else repr(value)
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    item = getattr(value, "item", None)
-    if callable(item) and getattr(value, "ndim", 1) == 0:
-        return json_safe(item())
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return json_safe(tolist())
-    return repr(value)

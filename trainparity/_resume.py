@@ -28,9 +28,10 @@ from trainparity._compare import (
 from trainparity._digest import Digest, digest
 from trainparity._engine import Job, first_error, run_jobs, scratch_directory
 from trainparity._recipe import RecipeSpec, resolve_recipe
-from trainparity._result import Outcome, ResumeResult, Violation
+from trainparity._result import ResumeResult
 from trainparity._state import validate_seed
 from trainparity._trace import RunTrace, StepRecord, TrainPayload, diff_steps
+from trainparity._violation import Outcome, Violation
 
 TASK = "trainparity._trace:train_run"
 

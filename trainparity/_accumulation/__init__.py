@@ -32,9 +32,10 @@ from trainparity._precision import (
     effective_comparison,
 )
 from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, import_attribute, resolve_recipe
-from trainparity._result import AccumulationResult, JsonValue, json_safe
+from trainparity._result import AccumulationResult
 from trainparity._split import validate_microbatches
 from trainparity._state import validate_seed
+from trainparity._violation import JsonValue, json_safe
 
 __all__ = ["check_accumulation"]
 

@@ -38,7 +38,8 @@ from trainparity._compare import (
     format_number,
 )
 from trainparity._observe import StepEvent
-from trainparity._result import AccumulationResult, JsonValue, Outcome, Violation
+from trainparity._result import AccumulationResult
+from trainparity._violation import JsonValue, Outcome, Violation
 
 #: causes that explain the gradients (or the losses) of a window: at one step only one of them is claimed
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",

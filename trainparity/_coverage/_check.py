@@ -44,8 +44,9 @@ from trainparity._coverage._policy import (
 )
 from trainparity._coverage._record import CoverageRecorder
 from trainparity._coverage._universe import Universe
-from trainparity._result import CoverageResult, JsonValue, Outcome, Violation
+from trainparity._result import CoverageResult
 from trainparity._sample_ids import IdArray
+from trainparity._violation import JsonValue, Outcome, Violation
 
 #: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
 DEFAULT_MAX_VIOLATIONS = 1_000_000

@@ -26,8 +26,9 @@ import torch
 
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
-from trainparity._result import ChildError, CoverageResult, JsonValue
+from trainparity._result import ChildError, CoverageResult
 from trainparity._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
+from trainparity._violation import JsonValue
 
 Window = tuple[int, Mapping[int, Any]]
 #: the bytes of one int64 ID

@@ -29,8 +29,9 @@ from trainparity._preflight._run import (
     steps_text,
 )
 from trainparity._recipe import RecipeSpec
-from trainparity._result import MixedPrecisionResult, Outcome, Violation, json_safe
+from trainparity._result import MixedPrecisionResult
 from trainparity._state import state_objects
+from trainparity._violation import Outcome, Violation, json_safe
 
 __all__ = ["check_mixed_precision"]
 

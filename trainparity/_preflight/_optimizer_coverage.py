@@ -29,8 +29,9 @@ from trainparity._preflight._run import (
     steps_text,
 )
 from trainparity._recipe import RecipeSpec
-from trainparity._result import OptimizerCoverageResult, Outcome, Violation
+from trainparity._result import OptimizerCoverageResult
 from trainparity._state import State, parameter_names, state_objects, unwrap_module
+from trainparity._violation import Outcome, Violation
 
 __all__ = ["check_optimizer_coverage"]
 

@@ -20,9 +20,9 @@ from trainparity import _session
 from trainparity._engine import Job, JobOutcome, run_jobs
 from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
 from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, batch_iterator, resolve_recipe
-from trainparity._result import JsonValue, Violation
 from trainparity._state import seed_everything, validate_seed
 from trainparity._trace import loss_value, next_batch, require_state
+from trainparity._violation import JsonValue, Violation
 
 T = TypeVar("T")
 

@@ -23,10 +23,11 @@ from trainparity import _session
 from trainparity._accumulation._diagnoses import close, norm
 from trainparity._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
 from trainparity._engine import run_jobs, scratch_directory, validate_timeout
-from trainparity._result import Outcome, RunsResult, Violation
+from trainparity._result import RunsResult
 from trainparity._script import Command, _command, _environment, _error, _Runs
 from trainparity._script._hook import ScriptRun
 from trainparity._trace import RunTrace, StepRecord
+from trainparity._violation import Outcome, Violation
 
 GRADIENTS = "gradients."
 
