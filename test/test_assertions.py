@@ -151,7 +151,7 @@ class ShortMessages(tp.TrainParityMixin, unittest.TestCase):
 def test_a_result_has_no_truth_value() -> None:
     result = tp.check_coverage(FAILING, policy=UNIVERSE)
     with pytest.raises(TypeError, match=r"no truth value \(it is FAIL\): test `result.passed`, or assert with "
-                                        r"tp.assert_resume_equivalent"):
+                                        r"tp.assert_coverage, which raises"):
         bool(result)
     with pytest.raises(TypeError):
         assert result  # the mistake this prevents: a FAIL that passes

@@ -46,10 +46,38 @@ def test_evaluating_again_after_the_resume_draws_the_random_batches_twice() -> N
     assert (first.path, first.kind, first.step) == ("rng.torch", "rng_mismatch", 4), result.report()
 
 
+@pytest.mark.parametrize("fault", ["none", "rng_not_saved"])
+def test_a_checkpoint_of_several_files_is_written_whole_before_the_run_ends(fault: str) -> None:
+    """The model and optimizer go to a DCP checkpoint, then the RNG state and batch to a second file:
+    the interrupted run ends only once the script moves on, so the resumed run finds both."""
+    result = check(fault, "--checkpoint", "sharded")
+    if fault == "none":
+        assert result.outcome is tp.Outcome.PASS, result.report()
+    else:
+        first = result.first_violation
+        assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+        assert (first.path, first.step) == ("rng.torch", 4), result.report()
+
+
+def test_a_save_function_is_observed_from_the_moment_the_script_imports_its_module(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "checkpointing_library.py").write_text("def save(path):\n    open(path, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[object] = []
+    finder = _hook._PatchOnImport({"checkpointing_library": lambda module: seen.append(module)})
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    assert "checkpointing_library" not in sys.modules and seen == []  # nothing imported in advance
+    import checkpointing_library  # type: ignore[import-not-found]
+
+    assert seen == [checkpointing_library]
+    monkeypatch.delitem(sys.modules, "checkpointing_library")
+
+
 def test_a_script_that_writes_no_checkpoint_in_time_is_an_error() -> None:
     result = check("none", "--eval_interval", "100")
     assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
-    assert "wrote no checkpoint (torch.save) at or after optimizer step 3" in result.error.message
+    assert ("wrote no checkpoint (torch.save, safetensors or torch.distributed.checkpoint) at or after "
+            "optimizer step 3") in result.error.message
 
 
 def test_a_script_that_stops_too_early_or_raises_is_an_error() -> None:

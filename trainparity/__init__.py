@@ -45,8 +45,7 @@ from trainparity._result import (
     RunsResult,
 )
 from trainparity._resume import check_resume
-from trainparity._script import check_resume_script
-from trainparity._script._equivalent import check_runs_equivalent
+from trainparity._script import check_resume_script, check_runs_equivalent
 from trainparity._split import split_batch
 from trainparity._state import State, load_state, save_state
 from trainparity._testing import TestCase, TrainParityMixin

@@ -39,8 +39,7 @@ from trainparity._result import (
     RunsResult,
 )
 from trainparity._resume import check_resume
-from trainparity._script import Command, check_resume_script
-from trainparity._script._equivalent import check_runs_equivalent
+from trainparity._script import Command, check_resume_script, check_runs_equivalent
 from trainparity._session import Isolation, Precision
 from trainparity._violation import Outcome
 

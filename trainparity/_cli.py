@@ -167,7 +167,7 @@ def _run_resume_script(args: argparse.Namespace) -> Result:
 
 
 def _run_equivalent(args: argparse.Namespace) -> Result:
-    from trainparity._script._equivalent import check_runs_equivalent
+    from trainparity._script import check_runs_equivalent
 
     return check_runs_equivalent(args.reference, args.candidate, steps=args.steps, comparison=_tolerance(args),
                                  timeout=args.timeout)

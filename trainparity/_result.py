@@ -53,6 +53,8 @@ class Result:
     """
 
     check: ClassVar[str] = "check"
+    #: the assertion that raises with this result's report (named when a result is used as a bool)
+    assertion: ClassVar[str] = "the check's assertion function"
 
     outcome: Outcome
     violations: list[Violation] = dataclasses.field(default_factory=list)
@@ -111,34 +113,40 @@ class Result:
         # `assert result` would pass on a FAIL: a result has no truth value.
         raise TypeError(
             f"a trainparity {type(self).__name__} has no truth value (it is {self.outcome.value}): test "
-            "`result.passed`, or assert with the check's assertion (tp.assert_resume_equivalent for "
-            "check_resume, and so on for every check), which raises with the report"
+            f"`result.passed`, or assert with {self.assertion}, which raises with the report"
         )
 
 
 class ResumeResult(Result):
     check: ClassVar[str] = "resume"
+    assertion: ClassVar[str] = "tp.assert_resume_equivalent (or tp.assert_resume_script_equivalent)"
 
 
 class AccumulationResult(Result):
     check: ClassVar[str] = "accumulation"
+    assertion: ClassVar[str] = "tp.assert_accumulation_equivalent"
 
 
 class CoverageResult(Result):
     check: ClassVar[str] = "coverage"
+    assertion: ClassVar[str] = "tp.assert_coverage"
 
 
 class DataParallelResult(Result):
     check: ClassVar[str] = "data_parallel"
+    assertion: ClassVar[str] = "tp.assert_data_parallel_equivalent"
 
 
 class OptimizerCoverageResult(Result):
     check: ClassVar[str] = "optimizer_coverage"
+    assertion: ClassVar[str] = "tp.assert_optimizer_coverage"
 
 
 class MixedPrecisionResult(Result):
     check: ClassVar[str] = "mixed_precision"
+    assertion: ClassVar[str] = "tp.assert_mixed_precision_safe"
 
 
 class RunsResult(Result):
     check: ClassVar[str] = "runs_equivalent"
+    assertion: ClassVar[str] = "tp.assert_runs_equivalent"

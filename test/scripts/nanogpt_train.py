@@ -9,7 +9,9 @@ the resumed run draws a new one: it skips a batch) or `eval_again` (the resumed 
 again at the iteration it resumes at, as nanoGPT's loop does, which draws its random batches
 a second time). `--batch` and `--grad_accum` cut each step's batch into micro-batches (the same
 samples for the same product); `--fault loss_not_scaled` forgets to divide the loss by
-`--grad_accum`. `--double` trains in float64.
+`--grad_accum`. `--double` trains in float64. `--checkpoint sharded` saves as large-model trainers
+do, in several files: the model and optimizer with `torch.distributed.checkpoint` (DCP), then the
+iteration, RNG state and prefetched batch with `torch.save`.
 """
 
 import argparse
@@ -31,6 +33,7 @@ parser.add_argument("--fault", default="none", choices=FAULTS)
 parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--grad_accum", type=int, default=1)
 parser.add_argument("--double", action="store_true")
+parser.add_argument("--checkpoint", default="dict", choices=["dict", "sharded"])
 args = parser.parse_args()
 
 torch.manual_seed(1337)
@@ -78,10 +81,39 @@ iter_num = 0
 batch = None
 resumed_at = None
 checkpoint_path = os.path.join(args.out_dir, "ckpt.pt")
+sharded_path = os.path.join(args.out_dir, "ckpt_dcp")
+
+
+def save_checkpoint(checkpoint):
+    if args.checkpoint == "dict":
+        torch.save(checkpoint, checkpoint_path)
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=sharded_path)
+    torch.save({k: v for k, v in checkpoint.items() if k not in ("model", "optimizer")}, checkpoint_path)
+
+
+def load_checkpoint():
+    if args.checkpoint == "dict":
+        checkpoint = torch.load(checkpoint_path, weights_only=False)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        return checkpoint
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    sharded = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(sharded, checkpoint_id=sharded_path)
+    set_state_dict(model, optimizer, model_state_dict=sharded["model"], optim_state_dict=sharded["optimizer"])
+    return torch.load(checkpoint_path, weights_only=False)
+
+
 if args.init_from == "resume":
-    checkpoint = torch.load(checkpoint_path, weights_only=False)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    checkpoint = load_checkpoint()
     iter_num = checkpoint["iter_num"]
     if "rng" in checkpoint:
         torch.set_rng_state(checkpoint["rng"])
@@ -101,7 +133,7 @@ while True:
             checkpoint["rng"] = torch.get_rng_state()
         if args.fault in ("none", "eval_again"):
             checkpoint["batch"] = (X, Y, ix)
-        torch.save(checkpoint, checkpoint_path)
+        save_checkpoint(checkpoint)
     if iter_num >= args.max_iters:
         break
     probe.sample_ids(ix)

@@ -24,8 +24,8 @@ from trainparity._accumulation._diagnoses import close, norm
 from trainparity._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
 from trainparity._engine import run_jobs, scratch_directory, validate_timeout
 from trainparity._result import RunsResult
-from trainparity._script import Command, _command, _environment, _error, _Runs
 from trainparity._script._hook import ScriptRun
+from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._trace import RunTrace, StepRecord
 from trainparity._violation import Outcome, Violation
 
@@ -49,7 +49,7 @@ def check_runs_equivalent(
     per run. The comparison is exact unless declared: where the candidate sums the batch in
     another order (accumulation, another batch size), declare a tolerance.
     """
-    reference_command, candidate_command = _command(reference, "reference"), _command(candidate, "candidate")
+    reference_command, candidate_command = parse_command(reference, "reference"), parse_command(candidate, "candidate")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps= must be an int >= 1 (optimizer steps), got {steps!r}")
     declared = resolve_comparison(comparison)
@@ -57,13 +57,13 @@ def check_runs_equivalent(
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),
                               "steps": steps, "comparison": declared.describe()}
     with scratch_directory("trainparity-runs-") as root:
-        job = _Runs(root, timeout, _environment(env), cwd).job
+        job = ScriptRuns(root, timeout, parse_environment(env), cwd).job
         run = ScriptRun("baseline", steps, steps, 1, gradients=True)
         outcomes = run_jobs([job("reference", reference_command, "reference", run),
                              job("reference (repeat)", reference_command, "repeat", run),
                              job("candidate", candidate_command, "candidate", run)],
                             isolation="spawn", on_failure="later")
-    error = _error(outcomes, steps, steps)
+    error = run_error(outcomes, steps, steps)
     if error is not None:
         return RunsResult.errored(error, config)
     expected, again, actual = (o.output for o in outcomes)

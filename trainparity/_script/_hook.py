@@ -6,23 +6,34 @@ resumed run, the state the script restored), the post-hook the step's sample IDs
 `trainparity.probe`), the loss (the scalars `backward()` was called on since the last step) and
 the live state: the modules that own the optimized parameters, the optimizers, the LR schedulers
 and GradScalers the script built, and what it passed to `probe.track`, through the same leaf
-walk as recipes (large tensors as digests). `torch.save` marks the script's own checkpoints.
+walk as recipes (large tensors as digests). `torch.save`, safetensors' `save_file`/`save_model`
+and `torch.distributed.checkpoint.save`/`async_save` mark the script's own checkpoints (the last
+two patched as the script imports them: importing them first would cost every run a second).
 
 A run ends by a real process exit: a baseline or resumed run after optimizer step `steps`, the
-interrupted run right after the script's first checkpoint written at or after `resume_at`.
+interrupted run once the script's first checkpoint written at or after `resume_at` is whole. The
+state is taken at that checkpoint's first file; the process ends when the script next steps its
+optimizer (or exits), after its asynchronous saves have completed: a checkpoint of several files
+(the model as safetensors or DCP, then the optimizer, then the RNG states) is written entirely,
+as it is when a real job is preempted after saving.
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import gc
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
 import pathlib
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -86,6 +97,10 @@ class Recorder:
         self.records: list[StepRecord] = []
         self.loaded: Boundary | None = None
         self.saved: Boundary | None = None
+        #: the script's asynchronous saves (DCP `async_save` futures), waited for before the exit
+        self.pending: list[Any] = []
+        #: an optimizer whose `step()` only creates its state (see `_creates_state`)
+        self.creating_state: torch.optim.Optimizer | None = None
         self.finished = False
 
     # -- what the script's objects are -------------------------------------------------------------
@@ -118,12 +133,17 @@ class Recorder:
     # -- hooks -----------------------------------------------------------------------------------------
 
     def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _creates_state(optimizer):
+            self.creating_state = optimizer
+            return
         if all(optimizer is not o for o in self.optimizers):
             self.optimizers.append(optimizer)
         if self.clock is None:
             self.clock = optimizer
         if optimizer is not self.clock or self.finished:
             return
+        if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
+            self.finish()
         if self.run.mode == "resumed" and self.loaded is None:
             self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
         self.rng = snapshot_rng()
@@ -142,6 +162,9 @@ class Recorder:
         return out
 
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if optimizer is self.creating_state:
+            self.creating_state = None
+            return
         if optimizer is not self.clock or self.finished:
             return
         self.step += 1
@@ -153,13 +176,15 @@ class Recorder:
             self.finish()
 
     def after_save(self) -> None:
-        if self.run.mode == "interrupted" and self.step >= self.run.resume_at and not self.finished:
+        """A file of a checkpoint was written: the first at or after `resume_at` fixes the saved state."""
+        if self.run.mode == "interrupted" and self.step >= self.run.resume_at and self.saved is None:
             self.saved = Boundary(snapshot_state(self.state(), Digesting()), {})
             if self.run.handoff is not None:
                 pathlib.Path(self.run.handoff).write_text(str(self.step))
-            self.finish()
 
     def write(self) -> None:
+        for future in self.pending:
+            future.result()
         trace = RunTrace(self.records, self.loaded, self.saved, [])
         wire.dump(trace.to_wire(), self.workdir / RESULT_FILE)
 
@@ -170,6 +195,17 @@ class Recorder:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _creates_state(optimizer: torch.optim.Optimizer) -> bool:
+    """A `step()` that is not training: torch.distributed.checkpoint's `get_state_dict` and
+    `set_state_dict` step an optimizer that has no state yet with zero gradients and a learning
+    rate of 0, to create the state a checkpoint is loaded into."""
+    if optimizer.state:
+        return False
+    groups = optimizer.param_groups
+    return all(float(group.get("lr", 0.0)) == 0.0 for group in groups) and all(
+        parameter.grad is None or not bool(parameter.grad.any()) for group in groups for parameter in group["params"])
 
 
 RECORDER: Recorder | None = None
@@ -186,13 +222,12 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
     register_optimizer_step_pre_hook(recorder.before_step)
     register_optimizer_step_post_hook(recorder.after_step)
 
-    save = torch.save
-
-    def observed_save(*args: Any, **kwargs: Any) -> None:
-        save(*args, **kwargs)
-        recorder.after_save()
-
-    torch.save = observed_save
+    _observe_saves(torch, ("save",), recorder)
+    sys.meta_path.insert(0, _PatchOnImport({
+        "safetensors.torch": functools.partial(_observe_saves, names=("save_file", "save_model"), recorder=recorder),
+        "torch.distributed.checkpoint": functools.partial(_observe_saves, names=("save", "async_save"),
+                                                          recorder=recorder),
+    }))
 
     backward = torch.Tensor.backward
 
@@ -224,3 +259,50 @@ def _register_instances(cls: type, registry: list[Any]) -> None:
             registry.append(self)
 
     setattr(cls, "__init__", observed_init)  # noqa: B010
+
+
+def _observe_saves(module: types.ModuleType, names: tuple[str, ...], recorder: Recorder) -> None:
+    """Make each `module.<name>`, a function that writes a checkpoint, tell the recorder when it has."""
+    for name in names:
+        setattr(module, name, _observed(getattr(module, name), recorder, waits=name == "async_save"))
+
+
+def _observed(save: Callable[..., Any], recorder: Recorder, waits: bool) -> Callable[..., Any]:
+    def observed_save(*args: Any, **kwargs: Any) -> Any:
+        written = save(*args, **kwargs)
+        if waits:  # a future: the checkpoint is whole when it resolves
+            recorder.pending.append(written)
+        recorder.after_save()
+        return written
+
+    return observed_save
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Calls `patches[name](module)` right after the script imports `name`, and imports nothing itself."""
+
+    def __init__(self, patches: dict[str, Callable[[types.ModuleType], None]]) -> None:
+        self.patches = patches
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        patch = self.patches.pop(name, None)
+        if patch is None:
+            return None
+        spec = importlib.util.find_spec(name)  # the other finders' spec (this one no longer knows `name`)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, patch: Callable[[types.ModuleType], None]) -> None:
+        self.loader = loader
+        self.patch = patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.patch(module)

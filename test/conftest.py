@@ -1,0 +1,18 @@
+"""Suite-wide hooks."""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+
+import pytest
+
+#: seconds the test process may take to exit after its last test
+EXIT_BOUND = 120
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Nothing may keep the process from exiting (a child joined at exit, a thread, a fork server):
+    # past the bound, every thread's stack is printed and the process exits with status 1, instead
+    # of hanging the run that called it.
+    faulthandler.dump_traceback_later(EXIT_BOUND, exit=True, file=sys.__stderr__)

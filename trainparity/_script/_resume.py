@@ -1,0 +1,112 @@
+"""`check_resume_script`: the resume check on a training script as it is, run as real processes.
+
+The script is observed through hooks installed before its first line (`_hook`, by the
+`sitecustomize.py` in `site/`, which leads the children's PYTHONPATH); it decides itself where
+and when it saves. Four runs: two uninterrupted baselines of `steps` optimizer steps, the
+interrupted run ended right after the script's first checkpoint at or after `resume_at`, and
+`resume_command` continuing from it in the same directory. Their traces are `RunTrace`s, judged
+by the same `judge_resume` as recipes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainparity import _session
+from trainparity._compare import Comparison, compare_snapshots, resolve_comparison
+from trainparity._engine import run_jobs, scratch_directory, validate_timeout
+from trainparity._result import ResumeResult
+from trainparity._resume import judge_resume
+from trainparity._script._hook import ScriptRun
+from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
+from trainparity._trace import RunTrace
+
+
+def _validate(steps: object, resume_at: object) -> tuple[int, int]:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps= must be an int >= 2 (optimizer steps), got {steps!r}")
+    if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at < steps:
+        raise ValueError(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
+    return steps, resume_at
+
+
+@_session.recorded
+def check_resume_script(
+    command: Command,
+    resume_command: Command,
+    *,
+    steps: int = 6,
+    resume_at: int = 3,
+    comparison: Comparison | None = None,
+    timeout: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> ResumeResult:
+    """Check that an unmodified training script, interrupted by a real exit after its own checkpoint
+    and continued by `resume_command`, reproduces its uninterrupted training. Never raises for a FAIL.
+
+    `command` trains from scratch, `resume_command` continues from the checkpoint the script
+    wrote (both a string split like a shell, or a list). `{workdir}` in either is a fresh
+    directory per run chain: the interrupted and the resumed run share one, each baseline has
+    its own. `env` adds environment variables; `cwd` defaults to the current directory.
+    `timeout` bounds each run. `trainparity.probe` lets the script name its batches' sample IDs
+    and more state to compare.
+    """
+    run_command, continue_command = parse_command(command, "command"), parse_command(resume_command, "resume_command")
+    steps, resume_at = _validate(steps, resume_at)
+    declared = resolve_comparison(comparison)
+    timeout = validate_timeout(timeout)
+    variables = parse_environment(env)
+    config: dict[str, Any] = {
+        "command": shlex.join(run_command),
+        "resume_command": shlex.join(continue_command),
+        "steps": steps,
+        "resume_at": resume_at,
+        "comparison": declared.describe(),
+    }
+    with scratch_directory("trainparity-script-") as chains:
+        job = ScriptRuns(chains, timeout, variables, cwd).job
+        handoff = str(chains / "saved-at")
+        # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
+        # exited, while the baselines run beside them.
+        outcomes = run_jobs([
+            job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1, handoff=handoff)),
+            job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),
+            dataclasses.replace(job("resumed", continue_command, "resumed",
+                                    ScriptRun("resumed", steps, resume_at, 0, handoff=handoff)), after=0),
+            job("baseline (repeat)", run_command, "repeat", ScriptRun("baseline", steps, resume_at, 1)),
+        ], isolation="spawn", on_failure="later")
+        error = run_error(outcomes, steps, resume_at)
+        if error is not None:
+            return ResumeResult.errored(error, config)
+        interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
+        saved_at = interrupted.steps[-1].step
+    notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
+    if saved_at != resume_at:
+        notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step {saved_at}.")
+    result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, rng_at_load=False)
+    result.notes.extend(notes)
+    return result
+
+
+def _drop_unseeded_streams(baseline: RunTrace, traces: Sequence[RunTrace]) -> list[str]:
+    """RNG streams that differ between the two baselines' first steps are never seeded by the script
+    (nanoGPT never seeds numpy or random): they are not compared, and a note says so."""
+    repeat = traces[1]
+    if not baseline.steps or not repeat.steps:
+        return []
+    unstable = {m.path for m in compare_snapshots(baseline.steps[0].rng, repeat.steps[0].rng, resolve_comparison(None))}
+    for trace in traces:
+        for record in trace.steps:
+            for path in unstable:
+                record.rng.pop(path, None)
+    if not unstable:
+        return []
+    return [f"not compared: {', '.join(sorted(unstable))}, which the script does not seed (they differ between "
+            "two uninterrupted runs from the first step on); where the script draws from them, the loss or "
+            "the state shows it."]
+
