@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import torch
 
 from trainparity._digest import Digest, digest
-from trainparity._violation import JsonValue, json_safe
+from trainparity._violation import JsonValue, format_number, json_safe
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None
@@ -87,19 +87,6 @@ class Mismatch:
     message: str
     expected: JsonValue = None
     actual: JsonValue = None
-
-
-def format_number(value: bool | int | float) -> str:
-    """A number as torch.testing prints it (`repr`), rounded to 6 significant digits.
-
-    Where torch's number has at most 6 significant digits the text is the same as theirs; the
-    rounding keeps reports stable where the last bits of a float depend on the machine.
-    """
-    if isinstance(value, bool) or isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
-        return repr(value)
-    return repr(float(f"{value:.6g}"))
 
 
 def mismatch_message(

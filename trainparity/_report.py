@@ -13,9 +13,8 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from trainparity._compare import format_number
 from trainparity._version import __version__
-from trainparity._violation import JsonValue, Outcome, Violation, json_safe
+from trainparity._violation import JsonValue, Outcome, Violation, format_number, json_safe
 
 if TYPE_CHECKING:
     from trainparity._result import Result

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any, TypeAlias
 
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
@@ -70,3 +71,16 @@ def json_safe(value: Any) -> JsonValue:
     if callable(tolist):
         return json_safe(tolist())
     return repr(value)
+
+
+def format_number(value: bool | int | float) -> str:
+    """A number as torch.testing prints it (`repr`), rounded to 6 significant digits.
+
+    Where torch's number has at most 6 significant digits the text is the same as theirs; the
+    rounding keeps reports stable where the last bits of a float depend on the machine.
+    """
+    if isinstance(value, bool) or isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return repr(value)
+    return repr(float(f"{value:.6g}"))

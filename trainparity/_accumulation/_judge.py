@@ -35,11 +35,10 @@ from trainparity._compare import (
     Snapshot,
     compare_leaves,
     compare_snapshots,
-    format_number,
 )
 from trainparity._observe import StepEvent
 from trainparity._result import AccumulationResult
-from trainparity._violation import JsonValue, Outcome, Violation
+from trainparity._violation import JsonValue, Outcome, Violation, format_number
 
 #: causes that explain the gradients (or the losses) of a window: at one step only one of them is claimed
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",
