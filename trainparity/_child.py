@@ -106,8 +106,10 @@ def bounded(text: str) -> str:
     return f"{text[:MAX_ERROR_TEXT]}\n... ({len(text) - MAX_ERROR_TEXT:,} more characters cut)"
 
 
-def error_record(error: BaseException) -> dict[str, str]:
-    """The user's exception as plain strings (type, message, traceback), each bounded in length."""
+def error_record(error: BaseException) -> dict[str, Any]:
+    """The user's exception as plain strings (type, message, traceback), each bounded in length, and
+    `raised_at`: when it was caught, on the machine-wide monotonic clock, so that the engine can tell
+    which of several processes failed first."""
     try:
         message = str(error)
     except Exception as failure:  # noqa: BLE001 - a broken __str__ must not hide the error itself
@@ -117,6 +119,7 @@ def error_record(error: BaseException) -> dict[str, str]:
         "exc_module": type(error).__module__,
         "message": bounded(message),
         "traceback": bounded(format_user_traceback(error)),
+        "raised_at": time.monotonic(),
     }
 
 

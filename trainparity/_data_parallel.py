@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,7 +39,7 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._coverage import ExactlyOnce, check_coverage
-from trainparity._engine import Job, JobOutcome, first_error, run_jobs, scratch_directory
+from trainparity._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
 from trainparity._observe import Observer
 from trainparity._precision import (
     cast_batch,
@@ -60,11 +59,6 @@ from trainparity._violation import Outcome, Violation
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"
-#: a rank whose error follows another's (its collective broke because the peer went away) waits this long
-#: before reporting, so that the engine sees the first failure first and kills the rest
-FOLLOWER_GRACE = 5.0
-#: the first failure waits this long before reporting, for the exit of a peer that died without raising
-FIRST_FAILURE_GRACE = 0.5
 #: a diagnosis names a likely cause, never the verdict: "world_size times the reference" allows for the
 #: rounding of a different reduction order whatever comparison was declared
 RATIO_TOLERANCE = ToleranceComparison(rtol=1e-4, atol=1e-7)
@@ -128,37 +122,14 @@ class RankPayload:
     world_size: int
     #: "rank 0", ..., or "reference": names this process's files in `scratch`
     tag: str
-    #: the check's scratch directory (owned by the parent): file stores, first-failure marker
+    #: the check's scratch directory (owned by the parent): the file stores
     scratch: str
     precision: str
 
 
 def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
-    """Child task: join the process group, run the recipe, record each step."""
-    scratch = pathlib.Path(payload.scratch)
-    try:
-        return _run_rank(payload)
-    except BaseException:
-        _defer_if_follower(scratch)
-        raise
-
-
-def _defer_if_follower(scratch: pathlib.Path) -> None:
-    """Let the process whose failure broke the others be the one reported.
-
-    Later failures (usually a collective that broke because that process exited) wait to be
-    killed. The first one waits briefly too: a peer that died without raising, and so never
-    claimed to be first, is then seen exiting before this error is.
-    """
-    try:
-        os.close(os.open(scratch / "first-failure", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        time.sleep(FOLLOWER_GRACE)
-    else:
-        time.sleep(FIRST_FAILURE_GRACE)
-
-
-def _run_rank(payload: RankPayload) -> dict[str, Any]:
+    """Child task: join the process group, run the recipe, record each step. When a rank fails, the
+    others' collectives break and they fail too: the engine reports the failure that came first."""
     # What torchrun tells each process, for code that reads it (e.g. LOCAL_RANK to pick a device).
     for name, value in (("RANK", payload.rank), ("LOCAL_RANK", payload.rank), ("WORLD_SIZE", payload.world_size),
                         ("LOCAL_WORLD_SIZE", payload.world_size)):
@@ -295,7 +266,7 @@ def check_data_parallel(
 
 def _first_error(outcomes: Sequence[JobOutcome], timeout: float) -> ChildError | None:
     """The failure that ended the check; on a timeout, with the stacks of every process."""
-    failed = first_error(outcomes)
+    failed = first_failure(outcomes)
     if failed is None or failed.error is None:
         return None
     error = failed.error

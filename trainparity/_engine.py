@@ -23,6 +23,7 @@ import atexit
 import base64
 import contextlib
 import dataclasses
+import math
 import os
 import pathlib
 import pickle
@@ -91,14 +92,30 @@ class JobOutcome:
     error: ChildError | None = None
     #: the live exception, only for isolation="inprocess"
     exception: BaseException | None = None
+    #: when the job failed, on the machine-wide monotonic clock: when its exception was caught in
+    #: the child; for a death, when it was seen less DEATH_UNCERTAINTY; for a timeout, its deadline
+    failed_at: float = math.inf
+
+
+#: how much earlier than it is seen a process may have died: the processes that depend on it (ranks
+#: in a collective) raise within milliseconds of its death, before the engine may have seen it
+DEATH_UNCERTAINTY = 0.5
 
 
 def first_error(outcomes: Sequence[JobOutcome]) -> JobOutcome | None:
-    """The outcome whose error caused the others (an "abandoned" job only reports a consequence)."""
+    """The outcome whose error caused the others (an "abandoned" job only reports a consequence):
+    the first failed job in the order of the jobs, which is the order of a check's runs."""
     errors = [o for o in outcomes if o.error is not None]
     return next((o for o in errors if o.error is not None and o.error.kind != "abandoned"), None) or next(
         iter(errors), None
     )
+
+
+def first_failure(outcomes: Sequence[JobOutcome]) -> JobOutcome | None:
+    """The outcome whose error came first in time, for jobs that fail each other (the ranks of one
+    world: when one fails, the others' collectives break and they raise too, a little later)."""
+    errors = [o for o in outcomes if o.error is not None and o.error.kind != "abandoned"]
+    return min(errors, key=lambda o: o.failed_at) if errors else first_error(outcomes)
 
 
 def validate_isolation(isolation: object) -> str:
@@ -375,8 +392,9 @@ def _run_inprocess(job: Job) -> JobOutcome:
         try:
             output = load_task(job.task)(job.payload, workdir)
         except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
-            return JobOutcome(job.phase, None, ChildError.raised(error_record(error), job.phase, job.rank),
-                              exception=error)
+            record = error_record(error)
+            return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank), exception=error,
+                              failed_at=record["raised_at"])
     return _decoded(job, output)
 
 
@@ -421,9 +439,11 @@ def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number:
         if (workdir / RESULT_FILE).exists() and exitcode == 0:
             return _decoded(job, wire.load(workdir / RESULT_FILE))
         if (workdir / ERROR_FILE).exists() and exitcode == RAISED_EXIT:
-            return JobOutcome(job.phase, None, ChildError.raised(wire.load(workdir / ERROR_FILE), job.phase, job.rank))
+            record = wire.load(workdir / ERROR_FILE)
+            return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank),
+                              failed_at=float(record.get("raised_at", time.monotonic())))
     except (Exception, RecursionError) as error:  # noqa: BLE001 - malformed output is the child's fault
-        return JobOutcome(job.phase, None, _corrupt(job, error))
+        return JobOutcome(job.phase, None, _corrupt(job, error), failed_at=time.monotonic())
     stacks = user_stacks(workdir)
     if signal_number:
         name = signal.Signals(signal_number).name
@@ -431,7 +451,7 @@ def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number:
     else:
         what = "exited with status 0 without writing its output" if exitcode == 0 else f"exit code {exitcode}"
         died = ChildError("died", job.phase, what, traceback=stacks, exitcode=exitcode, rank=job.rank)
-    return JobOutcome(job.phase, None, died)
+    return JobOutcome(job.phase, None, died, failed_at=time.monotonic() - DEATH_UNCERTAINTY)
 
 
 @dataclasses.dataclass
@@ -508,6 +528,11 @@ class _Batch:
         if key in self.dying:
             item = self.dying.pop(key)
             outcome = self.outcomes[item.index]
+            if outcome is not None and outcome.error is not None and outcome.error.kind == "abandoned" \
+                    and sig != signal.SIGKILL and code != 0:
+                # it failed by itself before the kill reached it, perhaps before the failure that
+                # abandoned it: its own error, with its own time, competes for the first
+                self.outcomes[item.index] = outcome = _read_outcome(self.jobs[item.index], item.workdir, code, sig)
             if outcome is not None and outcome.error is not None and outcome.error.traceback is None:
                 outcome.error = dataclasses.replace(outcome.error, traceback=user_stacks(item.workdir))
             return
@@ -539,7 +564,8 @@ class _Batch:
         self.launcher.kill(key)
         self.dying[key] = item
         if error is not None:
-            self.outcomes[item.index] = JobOutcome(error.phase, None, error)
+            failed_at = item.deadline if error.kind == "timeout" else math.inf
+            self.outcomes[item.index] = JobOutcome(error.phase, None, error, failed_at=failed_at)
 
     def _abandon(self, failed: int, why: str) -> None:
         """What `on_failure` says to do with the other jobs once job `failed` has failed."""

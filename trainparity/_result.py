@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import ClassVar, NoReturn, Self
+from typing import Any, ClassVar, NoReturn, Self
 
 from trainparity._report import brief_location, render_json, render_text
 from trainparity._violation import JsonValue, Outcome, Violation
@@ -28,7 +28,7 @@ class ChildError:
     rank: int | None = None
 
     @classmethod
-    def raised(cls, record: dict[str, str], phase: str, rank: int | None = None) -> ChildError:
+    def raised(cls, record: dict[str, Any], phase: str, rank: int | None = None) -> ChildError:
         """From `_child.error_record`: the recipe's exception as type name, message and traceback."""
         return cls("raised", phase, record["message"], record["exc_type"], record["traceback"], rank=rank)
 
