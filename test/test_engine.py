@@ -10,7 +10,7 @@ import pytest
 import resume_recipes
 from process_helpers import still_running
 
-from trainparity._engine import Job, first_error, run_jobs
+from trainparity._engine import Job, JobOutcome, first_error, first_failure, run_jobs
 
 IDENTITY = "resume_recipes:report_identity"
 
@@ -57,6 +57,20 @@ def test_dependent_job_waits_and_is_abandoned_when_its_dependency_fails() -> Non
     assert outcomes[1].error is not None and outcomes[1].error.kind == "abandoned"
     assert outcomes[2].output is not None
     assert first_error(outcomes) is outcomes[0]
+
+
+def test_the_first_failure_in_time_is_the_cause_whatever_the_order_of_the_jobs() -> None:
+    from trainparity._result import ChildError
+
+    def failed(phase: str, kind: str, at: float) -> JobOutcome:
+        return JobOutcome(phase, None, ChildError(kind, phase, "x"), failed_at=at)
+
+    echo, cause, killed = failed("rank 0", "raised", 10.2), failed("rank 1", "raised", 10.1), failed(
+        "reference", "abandoned", float("inf"))
+    assert first_failure([echo, cause, killed]) is cause
+    assert first_error([echo, cause, killed]) is echo  # the order of the runs, for checks whose runs are independent
+    assert first_failure([killed]) is killed
+    assert first_failure([JobOutcome("rank 0", {})]) is None
 
 
 def test_dependency_must_be_an_earlier_job() -> None:
