@@ -9,10 +9,9 @@ takes a mean. `TPRecipe(fault=...)`: a column-then-row parallel MLP whose ranks 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.distributed as dist
+from regression_recipe import RegressionRecipe
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -40,21 +39,10 @@ class Net(nn.Module):
         return out
 
 
-class ParallelRecipe(tp.Recipe):
+class ParallelRecipe(RegressionRecipe):
     def __init__(self, fault: str | None = None) -> None:
         self.fault = fault
 
-    def sample_ids(self, batch: Any) -> torch.Tensor:
-        ids: torch.Tensor = batch[0]
-        return ids
-
-    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
-        _, x, y = batch
-        loss = nn.functional.mse_loss(state.model(x), y)
-        state.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        state.optimizer.step()
-        return loss.detach()
 
 
 class FSDPRecipe(ParallelRecipe):

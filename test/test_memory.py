@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from regression_recipe import RegressionRecipe
 from torch import nn
 
 import trainparity as tp
@@ -30,7 +31,7 @@ STATUS = pathlib.Path("/proc/self/status")
 pytestmark = pytest.mark.skipif(not STATUS.exists(), reason="reads the resident set size from /proc/self/status")
 
 
-class FewMegabytes(tp.Recipe):
+class FewMegabytes(RegressionRecipe):
     """AdamW on an MLP with a 1024 x 1024 float32 hidden layer (4 MB of parameters, 8 MB of moments)."""
 
     def setup(self) -> tp.State:
@@ -44,17 +45,6 @@ class FewMegabytes(tp.Recipe):
             state.position += 1
             yield ids, torch.randn(8, 16, generator=generator), torch.randn(8, 1, generator=generator)
 
-    def sample_ids(self, batch: Any) -> torch.Tensor:
-        ids: torch.Tensor = batch[0]
-        return ids
-
-    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
-        _, x, y = batch
-        loss = nn.functional.mse_loss(state.model(x), y)
-        state.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        state.optimizer.step()
-        return loss.detach()
 
 
 def resident_bytes() -> int:

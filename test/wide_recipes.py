@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from regression_recipe import RegressionRecipe
 from torch import nn
 
 import trainparity as tp
@@ -14,7 +15,7 @@ import trainparity as tp
 WIDTH = 256  # a 256 x 256 float64 weight is 512 KiB
 
 
-class Wide(tp.Recipe):
+class Wide(RegressionRecipe):
     """AdamW on a float64 MLP of width 256; `fault` loses the model's first weight or Adam's moments on load."""
 
     def __init__(self, fault: str | None = None) -> None:
@@ -36,18 +37,10 @@ class Wide(tp.Recipe):
             yield ids, features[ids], targets[ids]
             cursor += 1
 
-    def sample_ids(self, batch: Any) -> torch.Tensor:
-        ids: torch.Tensor = batch[0]
-        return ids
-
     def step(self, state: tp.State, batch: Any) -> torch.Tensor:
-        _, x, y = batch
-        loss = nn.functional.mse_loss(state.model(x), y)
-        state.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        state.optimizer.step()
+        loss = super().step(state, batch)
         state.step += 1
-        return loss.detach()
+        return loss
 
     def load(self, path: pathlib.Path) -> tp.State:
         state = super().load(path)

@@ -144,11 +144,18 @@ class Recorder:
             return
         if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
             self.finish()
-        if self.run.mode == "resumed" and self.loaded is None:
-            self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
+        self.take_loaded()
         self.rng = snapshot_rng()
         if self.run.gradients:
             self.gradients = self._gradients()
+
+    def take_loaded(self) -> None:
+        """In a resumed run, the state the script restored: taken once, at its first backward or
+        optimizer step, whichever comes first (under gradient accumulation the micro-batches
+        before the first step already run callbacks that change the state)."""
+        if self.run.mode != "resumed" or self.loaded is not None or self.finished:
+            return
+        self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
 
     def _gradients(self) -> dict[str, Any]:
         """The gradients the optimizers are about to step on, by parameter name."""
@@ -232,12 +239,16 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
     backward = torch.Tensor.backward
 
     def observed_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        recorder.take_loaded()
         if self.numel() == 1:
             recorder.losses.append(float(self.detach()))
         backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     torch.Tensor.backward = observed_backward  # type: ignore[method-assign]
-    for cls, registry in ((torch.optim.lr_scheduler.LRScheduler, recorder.schedulers),
+    # Optimizers in the order they are built (the same in every run, whichever steps first); a
+    # wrapper that does not run Optimizer.__init__ (Lightning's, accelerate's) is not one of them.
+    for cls, registry in ((torch.optim.Optimizer, recorder.optimizers),
+                          (torch.optim.lr_scheduler.LRScheduler, recorder.schedulers),
                           (torch.amp.GradScaler, recorder.scalers)):
         _register_instances(cls, registry)
 
