@@ -282,7 +282,7 @@ def run_example_rank(payload: dict[str, Any], workdir: pathlib.Path) -> dict[str
                             world_size=2)
     result = runpy.run_path(str(EXAMPLE))["main"](same_shard=payload["same_shard"])
     dist.barrier()
-    _KEPT.append(dist.group.WORLD)  # released by the child's os._exit, as in trainparity._data_parallel
+    _KEPT.append(dist.group.WORLD)  # released by the child's os._exit, as in trainparity._world
     dist.destroy_process_group()
     if result is None:
         return {"outcome": None, "report": None, "kinds": []}

@@ -17,14 +17,12 @@ reference (`parameters.<param>`). Ranks are compared with rank 0, the reference 
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from trainparity import _session
 from trainparity._compare import (
@@ -56,6 +54,7 @@ from trainparity._snapshot import to_leaf
 from trainparity._state import seed_everything, validate_seed
 from trainparity._trace import next_batch, require_state
 from trainparity._violation import Outcome, Violation
+from trainparity._world import World, join, leave, validate_backend
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"
@@ -70,10 +69,6 @@ ROUNDING = {
     torch.float64: ToleranceComparison(rtol=1e-7, atol=1e-7),
 }
 SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
-#: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
-#: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
-#: ~ProcessGroupGloo joins a worker thread that waits for the GIL)
-_KEPT: list[Any] = []
 
 
 # -- the child: one rank (or the reference) ----------------------------------------------------------
@@ -130,16 +125,8 @@ class RankPayload:
 def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Child task: join the process group, run the recipe, record each step. When a rank fails, the
     others' collectives break and they fail too: the engine reports the failure that came first."""
-    # What torchrun tells each process, for code that reads it (e.g. LOCAL_RANK to pick a device).
-    for name, value in (("RANK", payload.rank), ("LOCAL_RANK", payload.rank), ("WORLD_SIZE", payload.world_size),
-                        ("LOCAL_WORLD_SIZE", payload.world_size)):
-        os.environ[name] = str(value)
-    if payload.backend == "nccl":
-        torch.cuda.set_device(payload.rank % torch.cuda.device_count())
     store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
-    dist.init_process_group(
-        payload.backend, init_method=store.as_uri(), rank=payload.rank, world_size=payload.world_size
-    )
+    join(World(payload.backend, payload.rank, payload.world_size, str(store)))
     recipe = payload.recipe.build()
     with running_in(payload.precision):
         seed_everything(payload.seed)
@@ -149,10 +136,7 @@ def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
             steps = list(record_steps(recipe, observer, payload))
             batch_dependent = sorted(observer.batch_dependent)
             optimizers = len(observer.optimizers)
-    # On success only: after an error the process exits at once, which tells the peers just as well.
-    dist.barrier()
-    _KEPT.extend((recipe, state, dist.group.WORLD))
-    dist.destroy_process_group()
+    leave(recipe, state)
     return RankTrace(steps, optimizers, batch_dependent).to_wire()
 
 
@@ -183,19 +167,7 @@ def _validate(world_size: object, backend: object, steps: object, seed: object) 
         raise ValueError(f"world_size= must be an int >= 2 (the reference is the world of size 1), got {world_size!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps= must be an int >= 1, got {steps!r}")
-    seed = validate_seed(seed)
-    if not isinstance(backend, str):
-        raise TypeError(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
-    if not dist.is_available():
-        raise ValueError("this torch build has no torch.distributed; install a build with distributed support")
-    if not dist.is_backend_available(backend):
-        raise ValueError(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size}, {torch.cuda.device_count()} visible; "
-            "lower world_size or use backend='gloo'"
-        )
-    return world_size, backend, steps, seed
+    return world_size, validate_backend(backend, world_size), steps, validate_seed(seed)
 
 
 @_session.recorded
