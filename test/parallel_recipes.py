@@ -3,8 +3,12 @@
 `FSDPRecipe(fault=...)`: an embedding-like input layer, blocks sharded layer by layer, a head, and
 the root sharded last, as torchtitan does; `root_unsharded` leaves the root out (its own layers keep
 per-rank gradients that are never reduced), `divide_factor_1` sums the gradients where the full batch
-takes a mean. `TPRecipe(fault=...)`: a column-then-row parallel MLP whose ranks read the same batch;
-`rank_seeded_shuffle` lets each rank shuffle with its own seed, so they do not.
+takes a mean. `TPRecipe(fault=...)`: an MLP whose ranks read the same batch, with replicated `embed` and
+`head` layers around a column-parallel `up` and a row-parallel `down` projection;
+`rank_seeded_shuffle` lets each rank shuffle with its own seed, so they do not; `missing_reduction` declares
+the row-parallel `down` projection's output Partial, so no rank all-reduces it; `missing_grad_reduction` gives
+the column-parallel `up` projection an input whose gradient is not all-reduced in backward, so the replicated
+`embed` layer before it keeps a partial gradient on each rank.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import torch
 import torch.distributed as dist
 from regression_recipe import RegressionRecipe
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -63,11 +68,47 @@ class FSDPRecipe(ParallelRecipe):
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
 
 
+class MLP(nn.Module):
+    """Replicated layers around a column-parallel up projection and a row-parallel down projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(6, 8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.down(torch.tanh(self.up(torch.tanh(self.embed(x)))))))
+        return out
+
+
+class _ReplicatedWithoutGradReduction(torch.autograd.Function):
+    """What ColwiseParallel does to a plain input (a replicated DTensor), minus the all-reduce of its
+    gradient in backward: every rank keeps only its shard's contribution."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+        return DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: DTensor) -> tuple[torch.Tensor, None]:
+        return grad.to_local(), None
+
+
 class TPRecipe(ParallelRecipe):
     def setup(self) -> tp.State:
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 2))
-        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        model = MLP()
+        if self.fault == "missing_grad_reduction":
+            # Registered before ColwiseParallel's own pre-hook, which then finds its input already replicated.
+            def replicate(module: nn.Module, args: tuple[torch.Tensor]) -> tuple[DTensor]:
+                return (_ReplicatedWithoutGradReduction.apply(args[0], mesh),)  # type: ignore[no-untyped-call]
+
+            model.up.register_forward_pre_hook(replicate)
+        # A Partial output layout leaves the row-parallel sums on the ranks, never all-reduced.
+        down = RowwiseParallel(output_layouts=Partial()) if self.fault == "missing_reduction" else RowwiseParallel()
+        parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": down})
         seed = 5 + (dist.get_rank() if self.fault == "rank_seeded_shuffle" else 0)
         loader = DataLoader(dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)

@@ -337,7 +337,7 @@ def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
     from trainparity._data_parallel import RankStep, RankTrace, judge_data_parallel
 
     def trace(*steps: list[int | str]) -> RankTrace:
-        return RankTrace([RankStep(i, ids, {}, {}) for i, ids in enumerate(steps, 1)], 1, [])
+        return RankTrace([RankStep(i, ids, {}, {}, []) for i, ids in enumerate(steps, 1)], 1, [], {})
 
     result = judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})
     assert result.outcome is tp.Outcome.FAIL, result.report()

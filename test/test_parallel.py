@@ -1,11 +1,16 @@
-"""check_data_parallel on DTensor parallelism: FSDP2 and tensor parallel on a CPU mesh (gloo)."""
+"""check_data_parallel on DTensor parallelism: FSDP2 and tensor parallel on a CPU mesh (gloo), and the module
+outputs the tensor-parallel diagnosis records."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from parallel_recipes import FSDPRecipe, TPRecipe
+from torch import nn
 
 import trainparity as tp
+from trainparity import _data_parallel
+from trainparity._data_parallel import OutputRecorder
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -36,3 +41,64 @@ def test_tensor_parallel_ranks_reading_different_batches_fail_on_the_data() -> N
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert first.path == "data.sample_ids", result.report()
+
+
+def test_unreduced_row_parallel_output_is_named() -> None:
+    result = tp.check_data_parallel(TPRecipe("missing_reduction"), world_size=2, steps=2, timeout=120)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.kind, first.cause, first.step) == (
+        "outputs.model.down", "output_mismatch", "tp_partial_not_reduced", 1), result.report()
+    assert first.message.startswith("model.down (Linear) returned other values on rank 0 than in the reference, and "
+                                    "the ranks' outputs sum to the reference's: its output on each rank is a partial "
+                                    "sum that was never all-reduced"), result.report()
+    # what follows from it in the same step carries the same cause
+    assert {v.cause for v in result.violations if v.step == 1} == {"tp_partial_not_reduced"}
+
+
+def test_unreduced_input_gradient_names_the_layer_with_partial_gradients() -> None:
+    result = tp.check_data_parallel(TPRecipe("missing_grad_reduction"), world_size=2, steps=1, timeout=120)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.rank, first.cause) == ("gradients.embed.weight", 1, "tp_partial_not_reduced")
+    assert "the gradients of model.embed (Linear) on each rank are a partial sum" in first.message
+    assert "model.up (Linear), the first sharded layer after it" in first.message
+    assert not any(v.path.startswith("outputs.") for v in result.violations), result.report()
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.fc(self.fc(x)), "ids": torch.arange(3)}
+
+
+def test_outputs_are_recorded_in_the_order_modules_finish_and_hooks_are_removed() -> None:
+    model = nn.Sequential(Block(), nn.Tanh())
+    with OutputRecorder({"model": model}) as recorder:
+        model[1](model[0](torch.randn(2, 3))["out"])
+        first = recorder.take()
+        model[0](torch.randn(2, 3))
+        second = recorder.take()
+    assert [(o.key, o.module, o.shape) for o in first] == [
+        ("model.0.fc", "model.0.fc (Linear)", [2, 3]),
+        ("model.0.fc#2", "model.0.fc (Linear)", [2, 3]),
+        ("model.0[out]", "model.0 (Block)", [2, 3]),  # integer outputs are not kept
+        ("model.1", "model.1 (Tanh)", [2, 3]),
+    ]
+    assert [o.key for o in second] == ["model.0.fc", "model.0.fc#2", "model.0[out]"]  # calls count per step
+    assert all(not module._forward_hooks for module in model.modules())
+
+
+def test_large_outputs_are_sampled_and_the_record_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_data_parallel, "OUTPUT_LIMIT", 3)
+    layer = nn.Identity()
+    with OutputRecorder({"layer": layer}) as recorder:
+        for _ in range(5):
+            layer(torch.arange(10_000.0).reshape(100, 100))
+        outputs = recorder.take()
+    assert len(outputs) == 3
+    assert (outputs[0].stride, outputs[0].shape, outputs[0].values.dtype) == (3, [100, 100], torch.float64)
+    assert torch.equal(outputs[0].values, torch.arange(0.0, 10_000.0, 3.0, dtype=torch.float64))

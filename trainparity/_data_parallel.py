@@ -5,24 +5,31 @@ initializes the default process group (a file store in a temporary directory) be
 recipe's `setup()`, so the recipe reads `dist.get_rank()`/`dist.get_world_size()`, shards
 its data and wraps its model in DDP exactly as in production; the reference runs the same
 code path in a world of size 1. Each child records, per step, the batch's sample IDs, the
-gradients at its optimizer step (a step pre-hook, removed afterwards) and the parameters
-after the step.
+gradients at its optimizer step (a step pre-hook, removed afterwards), the parameters
+after the step, and a bounded sample of what its modules returned (forward hooks, removed
+afterwards), in the order the modules finished.
 
 Judgement per step, in observation order: the ranks' sample IDs against the reference's
 full batch (`data.sample_ids`), the gradients across ranks and then against the reference
 (`gradients.<param>`), the parameters across ranks (`replicas.<param>`) and then against the
 reference (`parameters.<param>`). Ranks are compared with rank 0, the reference with rank 0.
+When the ranks are a tensor-parallel group (all read the reference's batch), a module output
+(`outputs.<module>`) or a gradient (`gradients.<param>`) that is a partial sum over the ranks
+names the layer whose all-reduce is missing (`tp_partial_not_reduced`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import pathlib
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainparity import _session
 from trainparity._compare import (
@@ -37,6 +44,7 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._coverage import ExactlyOnce, check_coverage
+from trainparity._digest import gathered
 from trainparity._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
 from trainparity._observe import Observer
 from trainparity._precision import (
@@ -69,19 +77,48 @@ ROUNDING = {
     torch.float64: ToleranceComparison(rtol=1e-7, atol=1e-7),
 }
 SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
+TP_PARTIAL = "tp_partial_not_reduced"
+#: a recorded module output keeps every k-th element, at most this many: enough to see a partial sum
+OUTPUT_SAMPLE = 4096
+#: module outputs a process records over the whole run (the first ones in forward order, from step 1 on):
+#: at most OUTPUT_LIMIT * OUTPUT_SAMPLE float64 values, 16 MiB, whatever the model's size. A count rather than
+#: a size, so that every rank stops at the same output and gathers (collectives) the same DTensors.
+OUTPUT_LIMIT = 512
 
 
 # -- the child: one rank (or the reference) ----------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
+class ModuleOutput:
+    """A floating tensor a module returned in one step, as the tensor-parallel diagnosis keeps it."""
+
+    #: the module's path, `[i]`/`[key]` for an item of a tuple or dict output, `#n` for its n-th call in the step
+    key: str
+    #: the module's path and class, as reports name it: "model.down (Linear)"
+    module: str
+    #: the whole (gathered) output's shape
+    shape: list[int]
+    #: every `stride`-th element of the whole output in float64, shaped like the output when stride is 1
+    stride: int
+    values: torch.Tensor
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ModuleOutput:
+        return cls(str(data["key"]), str(data["module"]), [int(n) for n in data["shape"]], int(data["stride"]),
+                   data["values"])
+
+
+@dataclasses.dataclass(frozen=True)
 class RankStep:
-    """One step of one process: its batch's sample IDs, the gradients at the optimizer step, the parameters after."""
+    """One step of one process: its batch's sample IDs, the gradients at the optimizer step, the parameters after,
+    and the module outputs recorded in the step (see `OutputRecorder`)."""
 
     step: int
     sample_ids: SampleIds | None
     gradients: Snapshot
     parameters: Snapshot
+    outputs: list[ModuleOutput]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,16 +130,20 @@ class RankTrace:
     optimizers: int
     #: batch-dependent modules that ran in training mode
     batch_dependent: list[str]
+    #: parameter name -> the layer that owns it, as reports name it ("model.embed (Linear)")
+    layers: dict[str, str]
 
     def to_wire(self) -> dict[str, Any]:
         return {"steps": [dataclasses.asdict(step) for step in self.steps], "optimizers": self.optimizers,
-                "batch_dependent": self.batch_dependent}
+                "batch_dependent": self.batch_dependent, "layers": self.layers}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> RankTrace:
         steps = [RankStep(int(step["step"]), None if step["sample_ids"] is None else list(step["sample_ids"]),
-                          dict(step["gradients"]), dict(step["parameters"])) for step in data["steps"]]
-        return cls(steps, int(data["optimizers"]), [str(module) for module in data["batch_dependent"]])
+                          dict(step["gradients"]), dict(step["parameters"]),
+                          [ModuleOutput.from_wire(output) for output in step["outputs"]]) for step in data["steps"]]
+        return cls(steps, int(data["optimizers"]), [str(module) for module in data["batch_dependent"]],
+                   {str(name): str(layer) for name, layer in data["layers"].items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,16 +173,20 @@ def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
         seed_everything(payload.seed)
         state = require_state(recipe.setup(), recipe, "setup")
         convert_state(state, payload.precision)
-        with Observer(state, type(recipe), disable_dropout=False, record_contributions=False) as observer:
-            steps = list(record_steps(recipe, observer, payload))
+        with Observer(state, type(recipe), disable_dropout=False, record_contributions=False) as observer, \
+                OutputRecorder(observer.modules) as outputs:
+            steps = list(record_steps(recipe, observer, outputs, payload))
             batch_dependent = sorted(observer.batch_dependent)
             optimizers = len(observer.optimizers)
+            layers = owning_layers(observer)
     leave(recipe, state)
-    return RankTrace(steps, optimizers, batch_dependent).to_wire()
+    return RankTrace(steps, optimizers, batch_dependent, layers).to_wire()
 
 
-def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> Iterator[RankStep]:
-    """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after."""
+def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
+                 payload: RankPayload) -> Iterator[RankStep]:
+    """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after,
+    the module outputs."""
     name = type(recipe).__name__
     batches = iter(recipe.batches(observer.state))
     for step in range(1, payload.steps + 1):
@@ -156,7 +201,87 @@ def record_steps(recipe: Recipe, observer: Observer, payload: RankPayload) -> It
         for events in observer.take_step_events().values():
             for event in events:
                 gradients.update(event.grads)
-        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()})
+        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take())
+
+
+def owning_layers(observer: Observer) -> dict[str, str]:
+    """Parameter name -> "path (Class)" of the module that holds it."""
+    layers: dict[str, str] = {}
+    for entry, module in observer.modules.items():
+        for sub_name, sub in module.named_modules():
+            for parameter in sub.parameters(recurse=False):
+                name = observer.names.get(id(parameter))
+                if name is not None and name not in layers:
+                    layers[name] = f"{entry}.{sub_name} ({type(sub).__name__})" if sub_name else \
+                        f"{entry} ({type(sub).__name__})"
+    return layers
+
+
+class OutputRecorder:
+    """Forward hooks on every submodule of the State's modules, removed on exit: each floating tensor a module
+    returns, in the order the modules finish (inner before outer), until `OUTPUT_LIMIT` outputs are kept.
+
+    A `DTensor` output is gathered with `full_tensor()` (every rank runs the same modules in the same order,
+    so the collectives match); a plain tensor is kept as it is, a rank's local shard or partial sum.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        self.modules = modules
+        self.outputs: list[ModuleOutput] = []
+        self.calls: Counter[str] = Counter()
+        self.left = OUTPUT_LIMIT
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> OutputRecorder:
+        try:
+            for entry, module in self.modules.items():
+                for sub_name, sub in module.named_modules():
+                    path = f"{entry}.{sub_name}" if sub_name else entry
+                    hook = functools.partial(self._record, path, f"{path} ({type(sub).__name__})")
+                    self._stack.callback(sub.register_forward_hook(hook).remove)
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+    def _record(self, path: str, module: str, instance: nn.Module, args: Any, output: Any) -> None:
+        self.calls[path] += 1
+        call = self.calls[path]
+        key = path if call == 1 else f"{path}#{call}"
+        for suffix, tensor in _output_tensors(output):
+            if self.left == 0:
+                return
+            self.left -= 1
+            whole = gathered(tensor.detach())
+            stride = max(1, -(-whole.numel() // OUTPUT_SAMPLE))
+            values = whole.reshape(-1)[::stride].to("cpu", torch.float64, copy=True)
+            self.outputs.append(ModuleOutput(key + suffix, module, list(whole.shape), stride,
+                                             values.reshape(whole.shape) if stride == 1 else values))
+
+    def take(self) -> list[ModuleOutput]:
+        """The outputs recorded since the last call; module calls count from 1 again."""
+        outputs, self.outputs = self.outputs, []
+        self.calls.clear()
+        return outputs
+
+
+def _output_tensors(output: object) -> list[tuple[str, torch.Tensor]]:
+    """The dense floating tensors in a module's output: the output itself, or the items of a tuple, list or
+    dict (one level: enough for layers and blocks; a model's nested output is seen through its layers)."""
+    items: list[tuple[str, object]]
+    if isinstance(output, torch.Tensor):
+        items = [("", output)]
+    elif isinstance(output, (tuple, list)):
+        items = [(f"[{index}]", item) for index, item in enumerate(output)]
+    elif isinstance(output, Mapping):
+        items = [(f"[{key}]", item) for key, item in output.items()]
+    else:
+        items = []
+    return [(suffix, item) for suffix, item in items
+            if isinstance(item, torch.Tensor) and item.is_floating_point() and item.layout == torch.strided]
 
 
 # -- the parent: run and judge ------------------------------------------------------------------------
@@ -282,17 +407,19 @@ def judge_data_parallel(
         else:
             for violation in shard_violations(step, expected.sample_ids, shards):
                 add(violation)
+        # A tensor-parallel group computes one model on the same batch: partial sums over its ranks are telling.
+        group = expected.sample_ids is not None and len(shards) == len(observed) and reads_whole_batch(
+            expected.sample_ids, shards)
+        partial = partial_output(expected, observed, comparison) if group else None
+        found: list[tuple[Violation, Leaf, Leaf]] = []
         first = observed[0]
-        unsynchronized = False
+        step_cause = None if partial is None else TP_PARTIAL
         for rank, other in enumerate(observed[1:], start=1):
             for m in compare_snapshots(first.gradients, other.gradients, comparison):
-                unsynchronized = True
-                add(_violation("gradient_mismatch", "gradients", m, step, rank, "grads_not_synchronized",
-                               f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not "
-                               "all-reduced (a model used without its DDP wrapper, parameters left outside "
-                               "fully_shard, or no_sync() at the step?)."),
-                    first.gradients.get(m.path), other.gradients.get(m.path))
-        step_cause = "grads_not_synchronized" if unsynchronized else None
+                reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group)
+                step_cause = step_cause or reason
+                found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
+                              first.gradients.get(m.path), other.gradients.get(m.path)))
         for m in compare_snapshots(expected.gradients, first.gradients, comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
             cause, preface = step_cause, (
@@ -313,17 +440,23 @@ def judge_data_parallel(
                     "training mode, and a rank's shard has other statistics than the full batch. To normalize over "
                     "the whole batch across ranks, convert them with nn.SyncBatchNorm.convert_sync_batchnorm(model)."
                 )
-            add(_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a)
+            found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
         for rank, other in enumerate(observed[1:], start=1):
             for m in compare_snapshots(first.parameters, other.parameters, comparison):
-                add(_violation("replica_mismatch", "replicas", m, step, rank, "grads_not_synchronized",
-                               f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas drifted "
-                               "apart."),
-                    first.parameters.get(m.path), other.parameters.get(m.path))
+                found.append((_violation("replica_mismatch", "replicas", m, step, rank,
+                                         TP_PARTIAL if step_cause == TP_PARTIAL else "grads_not_synchronized",
+                                         f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas "
+                                         "drifted apart."),
+                              first.parameters.get(m.path), other.parameters.get(m.path)))
         for m in compare_snapshots(expected.parameters, first.parameters, comparison):
-            add(_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
-                           "Rank 0's parameters after the step differ from the reference's."),
-                expected.parameters.get(m.path), first.parameters.get(m.path))
+            found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
+                                     "Rank 0's parameters after the step differ from the reference's."),
+                          expected.parameters.get(m.path), first.parameters.get(m.path)))
+        if found and partial is not None:
+            # The module that summed partially comes first: the gradients and parameters follow from it.
+            add(_partial_violation(step, partial), partial.expected.values, partial.actual.values)
+        for violation, e, a in found:
+            add(violation, e, a)
     if not data_checked:
         notes.append("data stream not checked: the recipe's sample_ids() returns None.")
     if reference.optimizers == 0:
@@ -361,6 +494,95 @@ def _scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
     return compare_leaves(expected * world_size, actual, RATIO_TOLERANCE) is None
 
 
+def _unsynchronized(
+    path: str, rank: int, expected: RankStep, observed: Sequence[RankStep], layers: dict[str, str],
+    partial: PartialOutput | None, group: bool,
+) -> tuple[str, str]:
+    """The cause and preface of gradients that differ between rank 0 and `rank`."""
+    if partial is not None:
+        return TP_PARTIAL, f"Rank {rank} holds other gradients than rank 0 at its optimizer step."
+    if group and _sums_to(expected.gradients.get(path), [o.gradients.get(path) for o in observed]):
+        layer = layers.get(path, path)
+        after = _sharded_after(layer, expected, observed[0])
+        culprit = "a tensor-parallel layer after it" if after is None else f"{after}, the first sharded layer after it,"
+        return TP_PARTIAL, (
+            f"Rank {rank} holds other gradients than rank 0 at its optimizer step, and the ranks' gradients sum to "
+            f"the reference's: the gradients of {layer} on each rank are a partial sum that was never all-reduced "
+            f"({culprit} whose input gradient is not all-reduced in backward?).")
+    return "grads_not_synchronized", (
+        f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not all-reduced (a model "
+        "used without its DDP wrapper, parameters left outside fully_shard, or no_sync() at the step?).")
+
+
+def _sharded_after(layer: str, expected: RankStep, first: RankStep) -> str | None:
+    """The first module to finish after `layer` whose output on rank 0 is a shard (another shape than the
+    reference's): in forward order the tensor-parallel layer that `layer`'s output feeds."""
+    shapes = {output.key: output.shape for output in first.outputs}
+    modules = [output.module for output in expected.outputs]
+    if layer not in modules:
+        return None
+    for output in expected.outputs[modules.index(layer) + 1:]:
+        if output.key in shapes and shapes[output.key] != output.shape:
+            return output.module
+    return None
+
+
+def _sums_to(expected: Leaf, ranks: Sequence[Leaf]) -> bool:
+    """Whether the ranks' tensors add up to a nonzero `expected` (each a partial sum of it)."""
+    if not isinstance(expected, torch.Tensor) or not expected.is_floating_point() or not bool(expected.any()):
+        return False
+    if not all(isinstance(r, torch.Tensor) and r.shape == expected.shape for r in ranks):
+        return False
+    total = torch.stack([r for r in ranks if isinstance(r, torch.Tensor)]).sum(0)
+    return compare_leaves(expected, total.to(expected.dtype), RATIO_TOLERANCE) is None
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialOutput:
+    """A module output that differs from the reference's on `rank` (the first such rank), while the ranks'
+    outputs sum to the reference's."""
+
+    expected: ModuleOutput
+    actual: ModuleOutput
+    rank: int
+    mismatch: Mismatch
+
+
+def partial_output(reference: RankStep, ranks: Sequence[RankStep], comparison: Comparison) -> PartialOutput | None:
+    """The first module output, in the order the modules finished, that differs from the reference's on some
+    rank, when the ranks' outputs sum to the reference's. None when the first differing output is something
+    else. Outputs of another shape than the reference's are a rank's shard of
+    a sharded layer and are passed over; outputs not recorded by every process end the search."""
+    recorded = [{output.key: output for output in step.outputs} for step in ranks]
+    for expected in reference.outputs:
+        outputs = [by_key.get(expected.key) for by_key in recorded]
+        found = [output for output in outputs if output is not None]
+        if len(found) < len(outputs):
+            return None
+        if any(output.shape != expected.shape for output in found):
+            continue
+        mismatches = [compare_leaves(expected.values, output.values, comparison) for output in found]
+        rank = next((rank for rank, mismatch in enumerate(mismatches) if mismatch is not None), None)
+        if rank is None:
+            continue
+        mismatch = mismatches[rank]
+        if mismatch is None or not _sums_to(expected.values, [output.values for output in found]):
+            return None
+        return PartialOutput(expected, found[rank], rank, dataclasses.replace(mismatch, path=expected.key))
+    return None
+
+
+def _partial_violation(step: int, partial: PartialOutput) -> Violation:
+    expected = partial.expected
+    sampled = "" if expected.stride == 1 else f" (every {expected.stride}th element of the flattened output)"
+    return _violation(
+        "output_mismatch", "outputs", partial.mismatch, step, partial.rank, TP_PARTIAL,
+        f"{expected.module} returned other values on rank {partial.rank} than in the reference{sampled}, and the "
+        "ranks' outputs sum to the reference's: its output on each rank is a partial sum that was never all-reduced "
+        "(a row-parallel layer without the all-reduce of its output, such as RowwiseParallel(output_layouts="
+        "Partial()) or a missing dist.all_reduce?).")
+
+
 def _within_rounding(expected: Leaf, actual: Leaf, comparison: Comparison) -> bool:
     if not isinstance(comparison, ExactComparison) or not isinstance(expected, torch.Tensor):
         return False
@@ -368,6 +590,11 @@ def _within_rounding(expected: Leaf, actual: Leaf, comparison: Comparison) -> bo
     return tolerance is not None and isinstance(actual, torch.Tensor) and (
         compare_leaves(expected, actual, tolerance) is None
     )
+
+
+def reads_whole_batch(expected: SampleIds, ranks: Sequence[SampleIds]) -> bool:
+    """Whether every rank read the reference's whole batch: a tensor-parallel group."""
+    return all(sorted(map(str, ids)) == sorted(map(str, expected)) for ids in ranks)
 
 
 def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds]) -> list[Violation]:
@@ -378,7 +605,7 @@ def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds])
     findings are told here in data-parallel terms. Ranks that all read the whole batch are a
     tensor-parallel group (its ranks compute one model on the same data): nothing to judge.
     """
-    if all(sorted(map(str, ids)) == sorted(map(str, expected)) for ids in ranks):
+    if reads_whole_batch(expected, ranks):
         return []
     if len(set(expected)) != len(expected):
         return _multiset_shard_violations(step, expected, ranks)
