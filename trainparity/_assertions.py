@@ -149,6 +149,10 @@ def assert_resume_equivalent(
     seed: int = 0,
     isolation: Isolation | None = None,
     timeout: float | None = None,
+    world_size: int = 1,
+    resume_world_size: int | None = None,
+    backend: str = "gloo",
+    precision: Precision | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> ResumeResult:
@@ -156,7 +160,8 @@ def assert_resume_equivalent(
     __tracebackhide__ = True
     validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
     result = check_resume(recipe, steps=steps, resume_at=resume_at, comparison=comparison, seed=seed,
-                          isolation=isolation, timeout=timeout)
+                          isolation=isolation, timeout=timeout, world_size=world_size,
+                          resume_world_size=resume_world_size, backend=backend, precision=precision)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

@@ -97,7 +97,8 @@ def _run_resume(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result
     from trainparity._resume import check_resume
 
     return check_resume(spec.text, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
-                        seed=args.seed, isolation=args.isolation, timeout=args.timeout)
+                        seed=args.seed, isolation=args.isolation, timeout=args.timeout, world_size=args.world_size,
+                        resume_world_size=args.resume_world_size, backend=args.backend, precision=args.precision)
 
 
 def _microbatches(text: str) -> int | tuple[int, ...]:
@@ -210,9 +211,9 @@ def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], 
     add("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
 
 
-def _precision_option(parser: argparse.ArgumentParser) -> None:
+def _precision_option(parser: argparse.ArgumentParser, default: str = "default") -> None:
     parser.add_argument("--precision", choices=("float64", "native"), default=None,
-                        help="run in float64 and judge with its fixed tolerance (default), or in the recipe's "
+                        help=f"run in float64 and judge with its fixed tolerance ({default}), or in the recipe's "
                              "own dtypes")
 
 
@@ -231,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("--steps", type=int, default=6, help="steps of training compared (default: 6)")
     resume.add_argument("--resume-at", type=int, default=None, metavar="K",
                         help="the step after which the run saves, exits and resumes (default: steps // 2)")
+    resume.add_argument("--world-size", type=int, default=1,
+                        help="ranks of every run but the resumed one; above 1, runs are worlds of real ranks "
+                        "(default: 1)")
+    resume.add_argument("--resume-world-size", type=int, default=None, metavar="N",
+                        help="ranks of the resumed run (default: --world-size)")
+    resume.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo (CPU) or nccl "
+                        "(default: gloo)")
+    _precision_option(resume, "default when the world size changes; else native")
 
     accumulation = _command(commands, "accumulation", "accumulation equivalence: k micro-batches of accumulation "
                             "against one full-batch step", Command(_run_accumulation, AccumulationResult))

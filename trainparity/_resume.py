@@ -26,12 +26,15 @@ from trainparity._compare import (
     resolve_comparison,
 )
 from trainparity._digest import Digest, digest
-from trainparity._engine import Job, first_error, run_jobs, scratch_directory
+from trainparity._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
+from trainparity._precision import describe_comparison, dtype_error_hint, effective_comparison
+from trainparity._ranks import align, merge_ranks, replicated_paths
 from trainparity._recipe import RecipeSpec, resolve_recipe
 from trainparity._result import ResumeResult
 from trainparity._state import validate_seed
 from trainparity._trace import RunTrace, StepRecord, TrainPayload, diff_steps
 from trainparity._violation import Outcome, Violation
+from trainparity._world import World, validate_backend
 
 TASK = "trainparity._trace:train_run"
 
@@ -46,6 +49,18 @@ def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
     return steps, resume_at
 
 
+def _validate_worlds(world_size: object, resume_world_size: object) -> tuple[int, int]:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size= must be an int >= 1 (the ranks of every run but the resumed one), "
+                         f"got {world_size!r}")
+    if resume_world_size is None:
+        return world_size, world_size
+    if isinstance(resume_world_size, bool) or not isinstance(resume_world_size, int) or resume_world_size < 1:
+        raise ValueError(f"resume_world_size= must be an int >= 1 or None (the same as world_size), "
+                         f"got {resume_world_size!r}")
+    return world_size, resume_world_size
+
+
 @_session.recorded
 def check_resume(
     recipe: RecipeSpec,
@@ -56,6 +71,10 @@ def check_resume(
     seed: int = 0,
     isolation: _session.Isolation | None = None,
     timeout: float | None = None,
+    world_size: int = 1,
+    resume_world_size: int | None = None,
+    backend: str = "gloo",
+    precision: _session.Precision | None = None,
 ) -> ResumeResult:
     """Check that saving at `resume_at`, exiting, loading in a fresh process and continuing
     reproduces `steps` steps of uninterrupted training. Never raises for a FAIL.
@@ -64,51 +83,145 @@ def check_resume(
     fork server; the default), "spawn" (a new interpreter) or "inprocess" (no isolation, for
     debugging). `timeout` bounds each run (default 120 s). Left at None, both take the session's
     defaults (`--trainparity-isolation`, `--trainparity-timeout` under pytest).
+
+    With `world_size > 1`, every run is a world of real torch.distributed ranks (`backend`), which
+    the recipe joins before `setup()` as under torchrun, and saves and loads with its own code (for
+    example torch.distributed.checkpoint); `resume_world_size` resumes on another number of ranks.
+    Runs of several ranks are judged on gathered values, per-rank RNG streams (`rng.torch[rank 1]`)
+    and the global batch (see docs/api.md). `precision` is "native" (the recipe's dtypes, judged
+    exactly unless a comparison is declared) or "float64"; left at None it is "native", but when
+    the world size changes, whose other reduction order changes the rounding, the session's
+    default ("float64": every run in float64, judged with the fixed float64 tolerance).
     """
     ref = resolve_recipe(recipe)
     steps, resume_at = _validate_steps(steps, resume_at)
-    declared = resolve_comparison(comparison)
-    isolation = _session.isolation(isolation, "process")
+    world_size, resume_world_size = _validate_worlds(world_size, resume_world_size)
+    declared = None if comparison is None else resolve_comparison(comparison)
+    ranked = max(world_size, resume_world_size) > 1
+    if ranked:
+        backend = validate_backend(backend, max(world_size, resume_world_size))
+    if precision is None and world_size == resume_world_size:
+        precision = "native"
+    precision = _session.precision(precision)
+    judged = effective_comparison(declared, precision)
     timeout = _session.timeout(timeout)
+    if ranked:
+        own: _session.Isolation = "spawn" if backend == "nccl" else "process"
+        isolation = _session.isolation(isolation, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
+        if isolation == "inprocess":
+            raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
+    else:
+        isolation = _session.isolation(isolation, "process")
     seed = validate_seed(seed)
     config: dict[str, Any] = {
         "recipe": ref.name,
         "steps": steps,
         "resume_at": resume_at,
         "seed": seed,
-        "comparison": declared.describe(),
+        "comparison": describe_comparison(declared, precision),
         "isolation": isolation,
     }
+    if ranked:
+        config.update(world_size=world_size, resume_world_size=resume_world_size, backend=backend)
+    if precision != "native":
+        config["precision"] = precision
     with scratch_directory("trainparity-checkpoint-") as checkpoint_dir:
-        checkpoint = f"{checkpoint_dir}/checkpoint"
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
-        run = TrainPayload(ref, seed, 1, steps, checkpoint, digests=isinstance(declared, ExactComparison))
-        decode = RunTrace.from_wire
+        run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
+                           digests=isinstance(judged, ExactComparison), precision=precision)
+        plan = _Plan(timeout, isolation, backend, str(checkpoint_dir),
+                     (world_size, resume_world_size) if ranked else (0, 0))
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
-        outcomes = run_jobs(
-            [
-                Job(TASK, dataclasses.replace(run, last=resume_at, save=True), "interrupted", timeout, decode=decode),
-                Job(TASK, run, "baseline", timeout, decode=decode),
-                Job(TASK, dataclasses.replace(run, first=resume_at + 1, load=True), "resumed", timeout, after=0,
-                    decode=decode),
-                Job(TASK, run, "baseline (repeat)", timeout, decode=decode),
-            ],
-            isolation=isolation,
-            on_failure="later",
-        )
-        failed = first_error(outcomes)
-        if failed is not None and failed.error is not None:
-            return ResumeResult.errored(failed.error, config, failed.exception)
-        interrupted, baseline, resumed, repeat = (o.output for o in outcomes if o.output is not None)
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
+        traces, error = plan.run([
+            ("interrupted", dataclasses.replace(run, last=resume_at, save=True), False, None),
+            ("baseline", run, False, None),
+            ("resumed", dataclasses.replace(run, first=resume_at + 1, load=True), True, 0),
+            ("baseline (repeat)", run, False, None),
+        ])
+        if error is not None and error.error is not None:
+            result = ResumeResult.errored(error.error, config, error.exception)
+            hint = dtype_error_hint(error.error.message) if precision == "float64" else None
+            if hint is not None:
+                result.notes.append(hint)
+            return result
+        interrupted, baseline, resumed, repeat = traces
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
+        result.notes.extend(plan.notes)
         wanted = _values_wanted(result, baseline, resumed, resume_at)
         if wanted is None:
             return result
-        notes = _fetch_values(wanted, run, (baseline, interrupted, resumed), resume_at, isolation, timeout)
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, declared, config)
-        result.notes.extend(notes)
+        notes = _fetch_values(wanted, run, plan, (baseline, interrupted, resumed), resume_at)
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
+        result.notes.extend(plan.notes + notes)
         return result
+
+
+@dataclasses.dataclass
+class _Plan:
+    """How the check's runs are made: single processes, or worlds of ranks merged into one trace each."""
+
+    timeout: float
+    isolation: str
+    backend: str
+    scratch: str
+    #: the ranks of the runs and of the resumed run; (0, 0): single processes, no process group
+    worlds: tuple[int, int]
+    #: what the merge of ranks set aside, said once in the result
+    notes: list[str] = dataclasses.field(default_factory=list)
+    #: the replicated State paths (`trainparity._ranks`), fixed by the check's first runs
+    replicated: frozenset[str] | None = None
+
+    def run(self, runs: list[tuple[str, TrainPayload, bool, int | None]]) -> tuple[list[RunTrace], JobOutcome | None]:
+        """Run (phase, payload, resumed, index of the run it waits for) in order; their traces, or the failure."""
+        jobs: list[Job] = []
+        first_jobs: list[int] = []
+        sizes: list[int] = []
+        for phase, payload, resumed, after in runs:
+            size = self.worlds[1] if resumed else self.worlds[0]
+            waits = None if after is None else first_jobs[after]
+            first_jobs.append(len(jobs))
+            sizes.append(size)
+            if size == 0:
+                jobs.append(Job(TASK, payload, phase, self.timeout, after=waits, decode=RunTrace.from_wire))
+                continue
+            # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
+            store = f"{self.scratch}/store.{len(first_jobs)}"
+            jobs += [Job(TASK, dataclasses.replace(payload, world=World(self.backend, rank, size, store)), phase,
+                         self.timeout, rank=rank, after=waits, decode=RunTrace.from_wire) for rank in range(size)]
+        ranked = self.worlds != (0, 0)
+        # The ranks of a world block in collectives when one of them fails: every job is ended at once.
+        outcomes = run_jobs(jobs, isolation=self.isolation, concurrency=len(jobs) if ranked else None,
+                            on_failure="all" if ranked else "later")
+        failed = first_failure(outcomes) if ranked else first_error(outcomes)
+        if failed is not None and failed.error is not None:
+            return [], failed
+        if not ranked:
+            return [o.output for o in outcomes], None
+        groups = [[o.output for o in outcomes[start:start + size]]
+                  for start, size in zip(first_jobs, sizes, strict=True)]
+        return self._merge(groups, [resumed for _, _, resumed, _ in runs]), None
+
+    def _merge(self, groups: list[list[RunTrace]], resumed: list[bool]) -> list[RunTrace]:
+        world_size, resume_world_size = self.worlds
+        first = self.replicated is None
+        if self.replicated is None:
+            # Judged on the uninterrupted world's ranks; a world of one rank says nothing, so the resumed one's.
+            self.replicated = replicated_paths([g for g, r in zip(groups, resumed, strict=True)
+                                                if r == (world_size == 1)])
+        changes = world_size != resume_world_size
+        traces = [merge_ranks(group, self.replicated, unordered=changes) for group in groups]
+        set_aside = align(traces, self.replicated, min(self.worlds) if changes else None)
+        if not first:
+            return traces
+        if set_aside.state:
+            self.notes.append(f"not compared across the change from {world_size} to {resume_world_size} ranks: "
+                              f"{', '.join(set_aside.state)}: the ranks hold different values of these (rank-local "
+                              "state, split otherwise by another number of ranks).")
+        if set_aside.rng_ranks:
+            self.notes.append(f"RNG streams of ranks {', '.join(map(str, set_aside.rng_ranks))} not compared: the "
+                              "other world has no such rank.")
+        return traces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +248,8 @@ def _values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, 
     return _Wanted(boundary, step, at_step) if boundary or at_step else None
 
 
-def _fetch_values(wanted: _Wanted, run: TrainPayload, traces: tuple[RunTrace, RunTrace, RunTrace], resume_at: int,
-                  isolation: str, timeout: float) -> list[str]:
+def _fetch_values(wanted: _Wanted, run: TrainPayload, plan: _Plan, traces: tuple[RunTrace, RunTrace, RunTrace],
+                  resume_at: int) -> list[str]:
     """Train again the runs the wanted values come from, keeping those tensors whole; put them in the traces.
 
     The runs were reproducible (the baseline ran twice alike), so training them again gives the same
@@ -145,18 +258,17 @@ def _fetch_values(wanted: _Wanted, run: TrainPayload, traces: tuple[RunTrace, Ru
     baseline, interrupted, resumed = traces
     last = wanted.step if wanted.at_step else resume_at
     whole = ((0, wanted.boundary), (wanted.step, wanted.at_step))
-    jobs = [Job(TASK, dataclasses.replace(run, last=last, whole=whole), "baseline (values)", timeout,
-                decode=RunTrace.from_wire),
-            Job(TASK, dataclasses.replace(run, last=resume_at, save=True, checkpoint=run.checkpoint + ".values",
-                                          whole=whole), "interrupted (values)", timeout, decode=RunTrace.from_wire),
-            Job(TASK, dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole),
-                "resumed (values)", timeout, decode=RunTrace.from_wire)]
-    outcomes = run_jobs(jobs, isolation=isolation)
-    failed = first_error(outcomes)
+    again, failed = plan.run([
+        ("baseline (values)", dataclasses.replace(run, last=last, whole=whole), False, None),
+        ("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True,
+                                                     checkpoint=run.checkpoint + ".values", whole=whole), False, None),
+        ("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole), True,
+         None),
+    ])
     if failed is not None and failed.error is not None:
         return [f"the values of the differing tensors could not be fetched ({failed.error.headline()}): "
                 "their violations say only that their digests differ."]
-    again_baseline, again_interrupted, again_resumed = (o.output for o in outcomes)
+    again_baseline, again_interrupted, again_resumed = again
     pairs = []
     if wanted.at_step:
         pairs += [(baseline.steps[wanted.step - 1].state, again_baseline.steps[-1].state, wanted.at_step),
@@ -214,18 +326,19 @@ def _nondeterminism(
 
 
 def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str]) -> tuple[str | None, int | str, int]:
-    """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped)."""
+    """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped).
+    Named by the first differing position, else by the first sample of the batch that tells."""
     expected = baseline[index].sample_ids or []
     position = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a),
                     min(len(expected), len(actual)))
-    sample: int | str = actual[position] if position < len(actual) else expected[position]
     earlier = {i for record in baseline[:index] for i in record.sample_ids or []}
     later = {i for record in baseline[index + 1:] for i in record.sample_ids or []}
-    if position < len(actual) and actual[position] in earlier:
-        return "data_replayed", sample, position
-    if position < len(actual) and actual[position] in later:
-        return "data_skipped", sample, position
-    return None, sample, position
+    for at in (position, *range(len(actual))):
+        if at < len(actual) and actual[at] in earlier:
+            return "data_replayed", actual[at], at
+        if at < len(actual) and actual[at] in later:
+            return "data_skipped", actual[at], at
+    return None, actual[position] if position < len(actual) else expected[position], position
 
 
 def judge_resume(

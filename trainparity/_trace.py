@@ -14,13 +14,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader, Sampler
 
 from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
 from trainparity._digest import Digest, is_wire_digest
+from trainparity._precision import cast_batch, convert_state, running_in
 from trainparity._recipe import LossAccounting, Recipe, RecipeRef
 from trainparity._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._snapshot import Digesting, snapshot_rng, snapshot_state
 from trainparity._state import State, seed_everything, unobserved_entries
+from trainparity._world import World, join, leave
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +90,8 @@ class RunTrace:
     saved: Boundary | None
     #: State entries that could not be observed, hence not compared (`unobserved_entries`)
     unobserved: list[str]
+    #: in a world of ranks, the State entries that are each rank's own by nature: its loaders and samplers
+    rank_local: list[str] = dataclasses.field(default_factory=list)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -94,6 +99,7 @@ class RunTrace:
             "loaded": None if self.loaded is None else self.loaded.to_wire(),
             "saved": None if self.saved is None else self.saved.to_wire(),
             "unobserved": self.unobserved,
+            "rank_local": self.rank_local,
         }
 
     @classmethod
@@ -103,7 +109,8 @@ class RunTrace:
 
         return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
                    boundary(data["loaded"]), boundary(data["saved"]),
-                   [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")])
+                   [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")],
+                   [str(entry) for entry in _typed(data["rank_local"], list, "rank_local")])
 
 
 def loss_value(loss: Any, where: str) -> float | None:
@@ -137,12 +144,13 @@ def next_batch(batches: Iterator[Any], recipe: Recipe, at: str) -> Any:
 
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,
-                 digesting: Callable[[int], Digesting | None] = lambda step: None) -> Iterator[StepRecord]:
+                 digesting: Callable[[int], Digesting | None] = lambda step: None,
+                 precision: str = "native") -> Iterator[StepRecord]:
     """Train steps `first..last` (1-based, inclusive), yielding a record after each."""
     batches = iter(recipe.batches(state))
     name = type(recipe).__name__
     for step in range(first, last + 1):
-        batch = next_batch(batches, recipe, f"step {step}")
+        batch = cast_batch(next_batch(batches, recipe, f"step {step}"), precision)
         rng = snapshot_rng()
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
@@ -165,6 +173,10 @@ class TrainPayload:
     digests: bool = False
     #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
     whole: tuple[tuple[int, frozenset[str]], ...] = ()
+    #: this process's rank in a world of ranks, which it joins before the recipe's first line
+    world: World | None = None
+    #: "float64": the run trains in float64 (`trainparity._precision`); "native": in the recipe's dtypes
+    precision: str = "native"
 
     def digesting(self, step: int) -> Digesting | None:
         """How the snapshot after `step` (0: at the load and the save) is taken."""
@@ -175,20 +187,29 @@ class TrainPayload:
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Child task: train and trace (`RunTrace` on the wire)."""
+    if payload.world is not None:
+        join(payload.world)
     recipe = payload.recipe.build()
-    seed_everything(payload.seed)
-    loaded = None
-    if payload.load:
-        state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
-        loaded = Boundary.capture(state, payload.digesting(0))
-    else:
-        state = require_state(recipe.setup(), recipe, "setup")
-    steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting))
-    saved = None
-    if payload.save:
-        recipe.save(state, pathlib.Path(payload.checkpoint))
-        saved = Boundary.capture(state, payload.digesting(0))
-    return RunTrace(steps, loaded, saved, unobserved_entries(state)).to_wire()
+    with running_in(payload.precision):
+        seed_everything(payload.seed)
+        loaded = None
+        if payload.load:
+            state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
+            convert_state(state, payload.precision)
+            loaded = Boundary.capture(state, payload.digesting(0))
+        else:
+            state = require_state(recipe.setup(), recipe, "setup")
+            convert_state(state, payload.precision)
+        steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting, payload.precision))
+        saved = None
+        if payload.save:
+            recipe.save(state, pathlib.Path(payload.checkpoint))
+            saved = Boundary.capture(state, payload.digesting(0))
+    rank_local = []
+    if payload.world is not None:
+        leave(recipe, state)
+        rank_local = [name for name in state if isinstance(state[name], (DataLoader, Sampler))]
+    return RunTrace(steps, loaded, saved, unobserved_entries(state), rank_local).to_wire()
 
 
 @dataclasses.dataclass(frozen=True)
