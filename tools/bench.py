@@ -321,20 +321,27 @@ BENCHMARKS["script"] = bench_script
 
 
 def bench_parallel(args: argparse.Namespace) -> None:
-    """Wall time of a 2-rank FSDP2 data-parallel check (test/parallel_recipes.py), cold and warm."""
-    sys.path.insert(0, str(ROOT / "test"))
+    """Wall times of a 2-rank FSDP2 data-parallel check (test/parallel_recipes.py) and of a resume check of the
+    FSDP2 + DCP tiny GPT of examples/fsdp_gpt.py from 2 ranks to 1, each cold and warm, in one process."""
+    sys.path[:0] = [str(ROOT / "test"), str(ROOT / "examples")]
+    from fsdp_gpt import TinyGPT
     from parallel_recipes import FSDPRecipe
 
     import trainparity as tp
 
-    print(f"data-parallel check of a 2-rank FSDP2 recipe (gloo, CPU), 3 steps; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    for which in ("cold (starts the fork server)", "warm"):
-        start = time.perf_counter()
-        result = tp.check_data_parallel(FSDPRecipe(), world_size=2, steps=3)
-        assert result.passed, result.report()
-        print(f"{which}: {time.perf_counter() - start:.2f} s")
-    print("a resume check from 2 ranks to 1 does not exist yet (check_resume has no world_size)")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; gloo on the CPU")
+    checks: list[tuple[str, Callable[[], tp.Result]]] = [
+        ("data-parallel check, FSDP2, 2 ranks and the reference, 3 steps",
+         lambda: tp.check_data_parallel(FSDPRecipe(), world_size=2, steps=3)),
+        ("resume check, FSDP2 + DCP tiny GPT, 6 steps, saved on 2 ranks at 3, resumed on 1 (7 processes)",
+         lambda: tp.check_resume(TinyGPT(dropout=0.0), steps=6, resume_at=3, world_size=2, resume_world_size=1)),
+    ]
+    for name, check in checks:
+        for which in ("first", "again"):
+            start = time.perf_counter()
+            result = check()
+            assert result.passed, result.report()
+            print(f"{name} ({which}): {time.perf_counter() - start:.2f} s")
 
 
 BENCHMARKS["parallel"] = bench_parallel
