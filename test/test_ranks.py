@@ -1,0 +1,74 @@
+"""Merging the ranks of a run into one trace (trainparity._ranks), and check_resume's world arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import trainparity as tp
+from trainparity._ranks import align, merge_ranks, replicated_paths
+from trainparity._trace import Boundary, RunTrace, StepRecord
+
+
+def _rank(weight: float, position: int, ids: list[int | str], loss: float, rng: int,
+          rank_local: tuple[str, ...] = ()) -> RunTrace:
+    state = {"model.weight": torch.tensor([weight]), "counter": position, "loader.position": 4}
+    step = StepRecord(1, {"rng.torch": torch.tensor([rng])}, ids, loss, state)
+    boundary = Boundary(dict(state), {"rng.torch": torch.tensor([rng])})
+    return RunTrace([step], None, boundary, [], list(rank_local))
+
+
+def test_replicated_paths_are_what_every_rank_holds_alike_but_loaders() -> None:
+    world = [_rank(1.0, 0, [0, 1], 2.0, 5, ("loader",)), _rank(1.0, 1, [2, 3], 4.0, 6, ("loader",))]
+    assert replicated_paths([world]) == {"model.weight"}
+
+
+def test_merge_names_rank_local_paths_and_rng_per_rank_and_keeps_the_global_batch() -> None:
+    world = [_rank(1.0, 0, [3, 1], 2.0, 5), _rank(1.0, 1, [2, 0], 4.0, 6)]
+    merged = merge_ranks(world, frozenset({"model.weight"}), unordered=False)
+    step = merged.steps[0]
+    assert sorted(step.state) == ["counter[rank 0]", "counter[rank 1]", "loader.position[rank 0]",
+                                  "loader.position[rank 1]", "model.weight"]
+    assert sorted(step.rng) == ["rng.torch[rank 0]", "rng.torch[rank 1]"]
+    assert step.sample_ids == [3, 1, 2, 0] and step.loss == 3.0
+    assert merge_ranks(world, frozenset(), unordered=True).steps[0].sample_ids == [0, 1, 2, 3]
+
+
+def test_a_tensor_parallel_group_reading_one_batch_gives_it_once() -> None:
+    world = [_rank(1.0, 0, [1, 2], 2.0, 5), _rank(1.0, 0, [1, 2], 2.0, 5)]
+    assert merge_ranks(world, frozenset(), unordered=False).steps[0].sample_ids == [1, 2]
+
+
+def test_a_rank_that_leaves_a_replicated_value_is_named_and_expected_to_hold_it() -> None:
+    replicated = frozenset({"model.weight"})
+    baseline = merge_ranks([_rank(1.0, 0, [0], 1.0, 5), _rank(1.0, 0, [1], 1.0, 5)], replicated, unordered=False)
+    resumed = merge_ranks([_rank(1.0, 0, [0], 1.0, 5), _rank(9.0, 0, [1], 1.0, 5)], replicated, unordered=False)
+    align([baseline, resumed], replicated, None)
+    assert torch.equal(baseline.steps[0].state["model.weight[rank 1]"], torch.tensor([1.0]))
+    assert torch.equal(resumed.steps[0].state["model.weight[rank 1]"], torch.tensor([9.0]))
+
+
+def test_a_world_size_change_sets_rank_local_state_and_unmatched_rng_aside() -> None:
+    replicated = frozenset({"model.weight"})
+    two = merge_ranks([_rank(1.0, 0, [0], 1.0, 5), _rank(1.0, 1, [1], 1.0, 6)], replicated, unordered=True)
+    one = merge_ranks([_rank(1.0, 0, [0, 1], 1.0, 5)], replicated, unordered=True)
+    set_aside = align([two, one], replicated, 1)
+    assert set_aside.state == ["counter", "loader.position"] and set_aside.rng_ranks == [1]
+    for trace in (two, one):
+        assert sorted(trace.steps[0].state) == ["model.weight"]
+        assert sorted(trace.steps[0].rng) == ["rng.torch[rank 0]"]
+
+
+@pytest.mark.parametrize(("arguments", "error", "words"), [
+    ({"world_size": 0}, ValueError, "world_size= must be an int >= 1"),
+    ({"world_size": True}, ValueError, "world_size= must be an int >= 1"),
+    ({"world_size": 2, "resume_world_size": 0}, ValueError, "resume_world_size= must be an int >= 1"),
+    ({"world_size": 2, "backend": 3}, TypeError, "backend= must be a string"),
+    ({"world_size": 2, "backend": "mpi-nonexistent"}, ValueError, "is not available"),
+    ({"world_size": 2, "isolation": "inprocess"}, ValueError, "cannot run a world of ranks"),
+    ({"world_size": 2, "precision": "float16"}, ValueError, "precision"),
+])
+def test_bad_world_arguments_are_refused_before_anything_runs(arguments: dict[str, object], error: type,
+                                                               words: str) -> None:
+    with pytest.raises(error, match=words):
+        tp.check_resume("resume_recipes:ResumeRecipe", **arguments)  # type: ignore[arg-type]
