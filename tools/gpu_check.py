@@ -1,7 +1,8 @@
 """The nccl and CUDA paths of the checks, on one machine with GPUs (run by tools/gpu_check.sh).
 
 Prints one line per check and exits 1 if a clean recipe does not PASS or a faulty one does not
-FAIL with its cause. Needs CUDA; the data-parallel part needs at least two GPUs (one per rank).
+FAIL with its cause. Needs CUDA; the data-parallel and multi-rank resume parts need at least two GPUs
+(one per rank).
 """
 
 from __future__ import annotations
@@ -106,6 +107,10 @@ def main() -> int:
         expect("DDP on nccl, no DDP wrapper", tp.check_data_parallel("gpu_check:CudaDDP(no_ddp=True)",
                                                                       world_size=2, backend="nccl"),
                tp.Outcome.FAIL)
+        for resume_world_size in (2, 1):
+            expect(f"resume of DDP on nccl, 2 ranks then {resume_world_size}",
+                   tp.check_resume("gpu_check:CudaDDP", world_size=2, resume_world_size=resume_world_size,
+                                   backend="nccl"), tp.Outcome.PASS)
     else:
         print(f"skipped: DDP on nccl needs two GPUs, {gpus} visible")
     for report in failures:

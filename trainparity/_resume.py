@@ -219,8 +219,9 @@ class _Plan:
                               f"{', '.join(set_aside.state)}: the ranks hold different values of these (rank-local "
                               "state, split otherwise by another number of ranks).")
         if set_aside.rng_ranks:
-            self.notes.append(f"RNG streams of ranks {', '.join(map(str, set_aside.rng_ranks))} not compared: the "
-                              "other world has no such rank.")
+            ranks = set_aside.rng_ranks
+            self.notes.append(f"RNG streams of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                              "not compared: the other world has no such rank.")
         return traces
 
 
