@@ -17,7 +17,7 @@ Dropout draws from each rank's RNG, so on another number of ranks each sample ge
 resume on another number of ranks reproduces training only without dropout (`TinyGPT(dropout=0.0)`).
 
 `TinyGPT(fault=...)` carries one deliberate bug (see `FAULTS`); `examples/test_fsdp_gpt.py` checks
-that each is caught.
+that each is caught, the first two by `tp.check_resume`, the last by `tp.check_data_parallel`.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ FAULTS = (
     "rng_in_dcp",
     # the loader position of rank 0 loaded by every rank, whatever the number of ranks
     "rank0_loader_position",
+    # the root left outside fully_shard: embeddings, final norm and head keep per-rank gradients
+    "root_not_sharded",
 )
 
 
@@ -136,7 +138,8 @@ class TinyGPT(tp.Recipe):
         mesh = init_device_mesh("cpu", (world,))
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        if self.fault != "root_not_sharded":
+            fully_shard(model, mesh=mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / WARMUP))
         torch.manual_seed(1000 + rank)  # dropout masks differ by rank

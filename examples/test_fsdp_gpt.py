@@ -1,4 +1,5 @@
-"""A tiny GPT on FSDP2 with DCP checkpoints, resumed on the same and on another number of ranks.
+"""A tiny GPT on FSDP2 with DCP checkpoints: resumed on the same and on another number of ranks, and
+trained on two ranks against one process.
 
 Each check runs every run as a world of real gloo ranks on the CPU. Skipped, with the reason, when
 torchdata is not installed (pip install "trainparity[torchdata]").
@@ -36,6 +37,17 @@ class TestTinyGPT(tp.TestCase):
         self.assertEqual(result.outcome, tp.Outcome.FAIL, result.report())
         first = result.violations[0]
         self.assertEqual((first.path, first.cause, first.step), ("data.sample_ids", "data_replayed", 4))
+
+
+    def test_two_fsdp_ranks_train_like_one_process(self) -> None:
+        self.assertDataParallelEquivalent(TinyGPT(dropout=0.0), world_size=2, steps=3, timeout=120)
+
+    def test_a_root_left_outside_fully_shard_keeps_unreduced_gradients(self) -> None:
+        result = tp.check_data_parallel(TinyGPT(dropout=0.0, fault="root_not_sharded"), world_size=2, steps=3,
+                                        timeout=120)
+        self.assertEqual(result.outcome, tp.Outcome.FAIL, result.report())
+        first = result.violations[0]
+        self.assertEqual((first.path, first.cause), ("gradients.tokens.weight", "grads_not_synchronized"))
 
 
 if __name__ == "__main__":
