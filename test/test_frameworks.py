@@ -1,8 +1,11 @@
-"""check_resume_script on training code written for a framework: a PyTorch Lightning script
-(test/scripts/lightning_train.py). Lightning is a test-only extra: `pip install -e ".[frameworks]"`."""
+"""The script checks on training code written for a framework: a PyTorch Lightning script
+(test/scripts/lightning_train.py), a Hugging Face `Trainer` script (test/scripts/hf_train.py) and
+a script that checkpoints in safetensors files only (test/scripts/safetensors_train.py). The
+frameworks are a test-only extra: `python -m pip install -e ".[frameworks]" "torch==2.13.0"`."""
 
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import sys
 
@@ -10,30 +13,100 @@ import pytest
 
 import trainparity as tp
 
-pytest.importorskip("lightning", reason='Lightning is a test-only extra: python -m pip install -e ".[frameworks]"')
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "scripts"
+EXTRA = 'a test-only extra: python -m pip install -e ".[frameworks]" "torch==2.13.0"'
+needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None, reason=f"Lightning is {EXTRA}")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None or importlib.util.find_spec("accelerate") is None,
+    reason=f"transformers and accelerate are {EXTRA}")
+needs_safetensors = pytest.mark.skipif(importlib.util.find_spec("safetensors") is None,
+                                       reason=f"safetensors comes with transformers, {EXTRA}")
+#: nothing is downloaded: the scripts build their models locally
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
-LIGHTNING = pathlib.Path(__file__).resolve().parent / "scripts" / "lightning_train.py"
+
+def check_script(script: str, resume_flag: str, *extra: str) -> tp.ResumeResult:
+    command = [sys.executable, str(SCRIPTS / script), "--out_dir", "{workdir}", *extra]
+    return tp.check_resume_script(command, [*command, resume_flag], steps=6, resume_at=3, timeout=300, env=OFFLINE)
 
 
-def check(*extra: str) -> tp.ResumeResult:
-    command = [sys.executable, str(LIGHTNING), "--out_dir", "{workdir}", *extra]
-    return tp.check_resume_script(command, [*command, "--resume"], steps=6, resume_at=3, timeout=300)
-
-
+@needs_lightning
 @pytest.mark.parametrize("accumulate", ["1", "2"])
 def test_a_lightning_fit_resumed_from_its_checkpoint_passes_and_says_the_rng_is_not_saved(accumulate: str) -> None:
     """Trainer.fit(..., ckpt_path=...) restores the module, optimizer, scheduler, callbacks and loops,
     with or without accumulate_grad_batches. Lightning's checkpoint holds no global RNG state: nothing
     here draws from it, so that is a note, not a FAIL."""
-    result = check("--accumulate", accumulate)
+    result = check_script("lightning_train.py", "--resume", "--accumulate", accumulate)
     assert result.outcome is tp.Outcome.PASS, result.report()
     assert any(note.startswith("rng.torch differs from uninterrupted training from step 4 on")
                for note in result.notes), result.notes
 
 
+@needs_lightning
 def test_a_callback_whose_state_is_not_loaded_is_named_with_its_attribute() -> None:
-    result = check("--fault", "callback_state_lost")
+    result = check_script("lightning_train.py", "--resume", "--fault", "callback_state_lost")
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.step, first.cause, first.expected, first.actual) == (
         "counter.batches", 3, "not_restored", 3, 0), result.report()
+
+
+@needs_transformers
+@pytest.mark.parametrize("grad_accum", ["1", "2"])
+def test_a_hugging_face_trainer_resumed_from_its_checkpoint_passes(grad_accum: str) -> None:
+    """trainer.train(resume_from_checkpoint=...) restores the model (model.safetensors), the
+    optimizer, the scheduler and the RNG states (dropout draws from the global RNG), and skips the
+    batches of the epoch already trained, with or without gradient_accumulation_steps."""
+    result = check_script("hf_train.py", "--resume", "--grad-accum", grad_accum)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.notes == [], result.notes
+
+
+@needs_transformers
+def test_a_hugging_face_resume_that_ignores_the_data_skip_replays_the_epoch() -> None:
+    """With ignore_data_skip=True the resumed Trainer starts its epoch's sampler from the first batch
+    again, and mid-epoch it then does not restore the RNG states either."""
+    result = check_script("hf_train.py", "--resume", "--fault", "data_skip_ignored")
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.step) == ("rng.torch", 4), result.report()
+    replayed = next(v for v in result.violations if v.path == "data.sample_ids")
+    assert (replayed.step, replayed.cause) == (4, "data_replayed"), result.report()
+
+
+HF_REFERENCE = [sys.executable, str(SCRIPTS / "hf_train.py"), "--out_dir", "{workdir}", "--double", "--dropout", "0",
+                "--batch", "8"]
+HF_ACCUMULATED = [*HF_REFERENCE[:-1], "4", "--grad-accum", "2"]
+TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)  # float64: the order of the sums is all that differs
+
+
+@needs_transformers
+def test_a_hugging_face_trainer_accumulating_variable_length_sequences_trains_like_the_whole_batch() -> None:
+    """The Trainer counts the labelled tokens of all micro-batches of a step (num_items_in_batch) and
+    the model divides its summed loss by that count: two micro-batches of 4 train as one batch of 8."""
+    result = tp.check_runs_equivalent(HF_REFERENCE, HF_ACCUMULATED, steps=3, comparison=TOLERANCE, timeout=300,
+                                      env=OFFLINE)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+@needs_transformers
+def test_a_per_micro_batch_token_mean_under_accumulation_is_found_at_the_first_step() -> None:
+    """A model that does not take num_items_in_batch (accepts_loss_kwargs = False) averages each
+    micro-batch's tokens on its own, and the Trainer divides by the accumulation steps: the short
+    sequences of a micro-batch weigh more than in the whole batch. The gradients are not a whole
+    multiple of the reference's, so no scaling cause is named."""
+    result = tp.check_runs_equivalent(HF_REFERENCE, [*HF_ACCUMULATED, "--fault", "loss_mean_per_batch"], steps=3,
+                                      comparison=TOLERANCE, timeout=300, env=OFFLINE)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.step, first.kind, first.cause) == ("loss", 1, "loss_mismatch", None), result.report()
+    assert any(v.kind == "gradient_mismatch" and v.step == 1 for v in result.violations), result.report()
+
+
+@needs_safetensors
+def test_a_checkpoint_written_only_with_safetensors_is_seen() -> None:
+    """save_model and save_file, the functions behind `save_pretrained`'s model.safetensors, mark the
+    checkpoint: without them the interrupted run would be an ERROR (no checkpoint written)."""
+    result = check_script("safetensors_train.py", "--resume")
+    assert result.outcome is tp.Outcome.PASS, result.report()
