@@ -112,3 +112,23 @@ class TPRecipe(ParallelRecipe):
         seed = 5 + (dist.get_rank() if self.fault == "rank_seeded_shuffle" else 0)
         loader = DataLoader(dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
+
+
+class TwoDimRecipe(ParallelRecipe):
+    """A 2x2 mesh: tensor parallel within each row (`tp`), FSDP2 across rows (`dp`). The two ranks of a
+    tensor-parallel group read the same shard of the batch; the groups split it. `tp_rank_in_sampler`
+    shards the data by the global rank, so the peers of a group read different samples."""
+
+    def setup(self) -> tp.State:
+        world = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (min(world, 2), world // min(world, 2)), mesh_dim_names=("dp", "tp"))
+        model = MLP()
+        parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        dp = mesh["dp"]
+        replicas, rank = dp.size(), dp.get_local_rank()
+        if self.fault == "tp_rank_in_sampler":
+            replicas, rank = dist.get_world_size(), dist.get_rank()
+        sampler = DistributedSampler(dataset(), num_replicas=replicas, rank=rank, shuffle=True, seed=3)
+        loader = DataLoader(dataset(), batch_size=8 // replicas, sampler=sampler)
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)

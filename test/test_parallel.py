@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_recipes import FSDPRecipe, TPRecipe
+from parallel_recipes import FSDPRecipe, TPRecipe, TwoDimRecipe
 from torch import nn
 
 import trainparity as tp
@@ -29,6 +29,30 @@ def test_fsdp2_faults_are_named(fault: str, cause: str) -> None:
     # gathered values under the unsharded model's paths
     assert first.path in {"gradients.embed.weight", "gradients.embed.bias", "gradients.head.weight",
                           "gradients.head.bias"}, result.report()
+
+
+def test_a_2x2_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
+    result = tp.check_data_parallel(TwoDimRecipe(), world_size=4, steps=2, timeout=180)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+def test_a_2x2_mesh_whose_tensor_parallel_peers_read_different_samples_fails() -> None:
+    result = tp.check_data_parallel(TwoDimRecipe("tp_rank_in_sampler"), world_size=4, steps=1, timeout=180)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.step, first.rank) == ("gradients.embed.weight", 1, 1), result.report()
+
+
+def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> None:
+    from trainparity._data_parallel import shard_violations
+
+    batch = [1, 2, 3, 4]
+    assert shard_violations(1, batch, [[1, 2], [1, 2], [3, 4], [3, 4]]) == []
+    # every rank on the same half, or groups of unequal size: the shards are judged rank by rank
+    assert [v.cause for v in shard_violations(1, batch, [[1, 2]] * 4)][:1] == ["rank_shard_overlap"]
+    assert shard_violations(1, batch, [[1, 2], [1, 2], [3, 4], [4, 3]]) != []
+    assert [v.cause for v in shard_violations(1, batch, [[1, 2], [1, 2], [2, 3], [2, 3]])][:1] == [
+        "rank_shard_overlap"]
 
 
 def test_tensor_parallel_ranks_reading_the_same_batch_train_like_one_process() -> None:

@@ -603,9 +603,15 @@ def shard_violations(step: int, expected: SampleIds, ranks: Sequence[SampleIds])
     The coverage audit judges `ExactlyOnce(the reference's batch)` over the ranks' IDs (one
     finding per offending sample, in observation order, then the samples no rank read); its
     findings are told here in data-parallel terms. Ranks that all read the whole batch are a
-    tensor-parallel group (its ranks compute one model on the same data): nothing to judge.
+    tensor-parallel group (its ranks compute one model on the same data): nothing to judge. On a
+    2-D mesh the ranks of each tensor-parallel group read one shard: when every shard is read by
+    the same number of ranks and the shards, once each, are the batch, that is what is judged.
     """
     if reads_whole_batch(expected, ranks):
+        return []
+    peers = Counter(tuple(ids) for ids in ranks)
+    if len(set(peers.values())) == 1 and 1 < min(peers.values()) < len(ranks) and not check_coverage(
+            {group: [list(ids)] for group, ids in enumerate(peers)}, policy=ExactlyOnce(expected)).violations:
         return []
     if len(set(expected)) != len(expected):
         return _multiset_shard_violations(step, expected, ranks)
