@@ -225,6 +225,11 @@ def install_from_environment() -> None:
 
 def install(run: ScriptRun, workdir: pathlib.Path) -> None:
     global RECORDER
+    if run.handoff is not None and run.mode == "resumed" and not pathlib.Path(run.handoff).exists():
+        # The interrupted run ended without a checkpoint (its own ERROR says so): nothing to resume.
+        wire.dump(error_record(RuntimeError("the interrupted run wrote no checkpoint to resume from")),
+                  workdir / ERROR_FILE)
+        os._exit(RAISED_EXIT)
     recorder = RECORDER = Recorder(run, workdir)
     register_optimizer_step_pre_hook(recorder.before_step)
     register_optimizer_step_post_hook(recorder.after_step)
