@@ -143,3 +143,18 @@ def test_equivalent_on_the_command_line_exits_1_on_a_fail() -> None:
                            "--timeout", "120"], capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cause: loss_not_scaled" in done.stdout
+
+
+def test_the_report_shows_the_values_of_tensors_compared_by_digest() -> None:
+    # The weight (128 KiB) travels as a digest; the report's first divergence and the save/load
+    # mismatches get their values by training those runs again.
+    command = [sys.executable, str(SCRIPT.parent / "wide_train.py"), "--out_dir", "{workdir}", "--fault",
+               "optimizer_not_saved"]
+    result = tp.check_resume_script(command, [*command, "--resume"], steps=6, resume_at=3, timeout=120)
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    weight = next(v for v in result.violations if v.path == "model.weight")
+    assert (weight.step, weight.kind) == (4, "state_mismatch"), result.report()
+    assert "Mismatched elements: 32768 / 32768" in weight.message and "digest" not in weight.message, weight.message
+    moment = next(v for v in result.violations if v.path == "optimizer.state.weight.exp_avg")
+    assert (moment.step, moment.cause) == (3, "not_restored") and "digest" not in moment.message, moment.message
+    assert not any("digest" in note for note in result.notes), result.notes

@@ -11,6 +11,7 @@ the baseline.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,9 +31,9 @@ from trainparity._engine import Job, JobOutcome, first_error, first_failure, run
 from trainparity._precision import describe_comparison, dtype_error_hint, effective_comparison
 from trainparity._ranks import align, merge_ranks, replicated_paths
 from trainparity._recipe import RecipeSpec, resolve_recipe
-from trainparity._result import ResumeResult
+from trainparity._result import ChildError, ResumeResult
 from trainparity._state import validate_seed
-from trainparity._trace import RunTrace, StepRecord, TrainPayload, diff_steps
+from trainparity._trace import RunTrace, StepRecord, TrainPayload, Whole, diff_steps
 from trainparity._violation import Outcome, Violation
 from trainparity._world import World, validate_backend
 
@@ -148,10 +149,21 @@ def check_resume(
         interrupted, baseline, resumed, repeat = traces
         result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
         result.notes.extend(plan.notes)
-        wanted = _values_wanted(result, baseline, resumed, resume_at)
+        wanted = values_wanted(result, baseline, resumed, resume_at)
         if wanted is None:
             return result
-        notes = _fetch_values(wanted, run, plan, (baseline, interrupted, resumed), resume_at)
+
+        def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
+            again, failed = plan.run([
+                ("baseline (values)", dataclasses.replace(run, last=last, whole=whole), False, None),
+                ("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True, whole=whole,
+                                                             checkpoint=run.checkpoint + ".values"), False, None),
+                ("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole),
+                 True, None),
+            ])
+            return again, None if failed is None else failed.error
+
+        notes = fetch_values(wanted, (baseline, interrupted, resumed), resume_at, rerun)
         result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
         result.notes.extend(plan.notes + notes)
         return result
@@ -226,7 +238,7 @@ class _Plan:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Wanted:
+class Wanted:
     """The large tensors whose values the report shows, known so far by their digests only."""
 
     #: differing at the load (the save/load comparison)
@@ -236,7 +248,7 @@ class _Wanted:
     at_step: frozenset[str]
 
 
-def _values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, resume_at: int) -> _Wanted | None:
+def values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, resume_at: int) -> Wanted | None:
     """Which digested tensors the report needs the values of: the save/load mismatches and the first divergence."""
     assert resumed.loaded is not None
     boundary = frozenset(v.path for v in result.violations if v.step == resume_at and v.cause == "not_restored"
@@ -246,28 +258,23 @@ def _values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, 
     step = min((v.step for v in diverged if v.step is not None), default=resume_at)
     at_step = frozenset(v.path for v in diverged if v.step == step
                         and isinstance(baseline.steps[step - 1].state.get(v.path), Digest))
-    return _Wanted(boundary, step, at_step) if boundary or at_step else None
+    return Wanted(boundary, step, at_step) if boundary or at_step else None
 
 
-def _fetch_values(wanted: _Wanted, run: TrainPayload, plan: _Plan, traces: tuple[RunTrace, RunTrace, RunTrace],
-                  resume_at: int) -> list[str]:
+def fetch_values(wanted: Wanted, traces: tuple[RunTrace, RunTrace, RunTrace], resume_at: int,
+                 rerun: Callable[[int, Whole], tuple[list[RunTrace], ChildError | None]]) -> list[str]:
     """Train again the runs the wanted values come from, keeping those tensors whole; put them in the traces.
 
-    The runs were reproducible (the baseline ran twice alike), so training them again gives the same
-    values: each fetched tensor replaces its digest only if it has that digest. Returns notes.
+    `rerun(last, whole)` runs the baseline to step `last`, the interrupted run and the resumed run to
+    `last` again, shipping `whole` whole. The runs were reproducible (the baseline ran twice alike), so
+    training them again gives the same values: each fetched tensor replaces its digest only if it has
+    that digest. Returns notes.
     """
     baseline, interrupted, resumed = traces
     last = wanted.step if wanted.at_step else resume_at
-    whole = ((0, wanted.boundary), (wanted.step, wanted.at_step))
-    again, failed = plan.run([
-        ("baseline (values)", dataclasses.replace(run, last=last, whole=whole), False, None),
-        ("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True,
-                                                     checkpoint=run.checkpoint + ".values", whole=whole), False, None),
-        ("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole), True,
-         None),
-    ])
-    if failed is not None and failed.error is not None:
-        return [f"the values of the differing tensors could not be fetched ({failed.error.headline()}): "
+    again, error = rerun(last, ((0, wanted.boundary), (wanted.step, wanted.at_step)))
+    if error is not None:
+        return [f"the values of the differing tensors could not be fetched ({error.headline()}): "
                 "their violations say only that their digests differ."]
     again_baseline, again_interrupted, again_resumed = again
     pairs = []

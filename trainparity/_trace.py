@@ -157,6 +157,10 @@ def record_steps(recipe: Recipe, state: State, first: int, last: int,
         yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)))
 
 
+#: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
+Whole = tuple[tuple[int, frozenset[str]], ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainPayload:
     """One run of a recipe: from scratch or from a checkpoint, optionally saving at the end."""
@@ -171,8 +175,7 @@ class TrainPayload:
     save: bool = False
     #: large tensors are shipped as digests (None: every value whole, as a tolerance needs them)
     digests: bool = False
-    #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
-    whole: tuple[tuple[int, frozenset[str]], ...] = ()
+    whole: Whole = ()
     #: this process's rank in a world of ranks, which it joins before the recipe's first line
     world: World | None = None
     #: "float64": the run trains in float64 (`trainparity._precision`); "native": in the recipe's dtypes

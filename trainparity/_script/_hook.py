@@ -67,13 +67,21 @@ class ScriptRun:
     gradients: bool = False
     #: the file in which the interrupted run leaves the number of the step after which it saved
     handoff: str | None = None
+    #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
+    whole: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> ScriptRun:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["whole"] = tuple((int(step), tuple(paths)) for step, paths in fields["whole"])
+        return cls(**fields)
+
+    def digesting(self, step: int) -> Digesting:
+        """How the snapshot of `step` (0: at the load and the save) is taken."""
+        return Digesting(full=frozenset(dict(self.whole).get(step, ())))
 
 
 class Recorder:
@@ -155,7 +163,7 @@ class Recorder:
         before the first step already run callbacks that change the state)."""
         if self.run.mode != "resumed" or self.loaded is not None or self.finished:
             return
-        self.loaded = Boundary(snapshot_state(self.state(), Digesting()), {})
+        self.loaded = Boundary(snapshot_state(self.state(), self.run.digesting(0)), {})
 
     def _gradients(self) -> dict[str, Any]:
         """The gradients the optimizers are about to step on, by parameter name."""
@@ -165,7 +173,8 @@ class Recorder:
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
                     if parameter.grad is not None and id(parameter) in names:
-                        flatten(f"gradients.{names[id(parameter)]}", parameter.grad, out, Digesting())
+                        flatten(f"gradients.{names[id(parameter)]}", parameter.grad, out,
+                                self.run.digesting(self.step + 1))
         return out
 
     def after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -176,7 +185,7 @@ class Recorder:
             return
         self.step += 1
         loss = sum(self.losses) if self.losses else None
-        state = {**self.gradients, **snapshot_state(self.state(), Digesting())}
+        state = {**self.gradients, **snapshot_state(self.state(), self.run.digesting(self.step))}
         self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss, state))
         self.ids, self.losses = [], []
         if self.run.mode != "interrupted" and self.step >= self.run.steps:
@@ -185,7 +194,7 @@ class Recorder:
     def after_save(self) -> None:
         """A file of a checkpoint was written: the first at or after `resume_at` fixes the saved state."""
         if self.run.mode == "interrupted" and self.step >= self.run.resume_at and self.saved is None:
-            self.saved = Boundary(snapshot_state(self.state(), Digesting()), {})
+            self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), {})
             if self.run.handoff is not None:
                 pathlib.Path(self.run.handoff).write_text(str(self.step))
 

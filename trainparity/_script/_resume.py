@@ -19,11 +19,11 @@ from typing import Any
 from trainparity import _session
 from trainparity._compare import Comparison, compare_snapshots, resolve_comparison
 from trainparity._engine import run_jobs, scratch_directory, validate_timeout
-from trainparity._result import ResumeResult
-from trainparity._resume import judge_resume
+from trainparity._result import ChildError, ResumeResult
+from trainparity._resume import fetch_values, judge_resume, values_wanted
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
-from trainparity._trace import RunTrace
+from trainparity._trace import RunTrace, Whole
 
 
 def _validate(steps: object, resume_at: object) -> tuple[int, int]:
@@ -85,10 +85,33 @@ def check_resume_script(
             return ResumeResult.errored(error, config)
         interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
         saved_at = interrupted.steps[-1].step
-    notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
-    if saved_at != resume_at:
-        notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step {saved_at}.")
-    result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, rng_at_load=False)
+        notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
+        if saved_at != resume_at:
+            notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step "
+                         f"{saved_at}.")
+        result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, rng_at_load=False)
+        wanted = values_wanted(result, baseline, resumed, saved_at)
+        if wanted is not None:
+
+            def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
+                """The three runs again, in chains of their own, to step `last` with `whole` shipped whole."""
+                paths = tuple((step, tuple(sorted(names))) for step, names in whole)
+                again = str(chains / "saved-at.values")
+                rerun_outcomes = run_jobs([
+                    job("baseline (values)", run_command, "baseline-values",
+                        ScriptRun("baseline", last, resume_at, 1, whole=paths)),
+                    job("interrupted (values)", run_command, "resumed-values",
+                        ScriptRun("interrupted", steps, resume_at, 1, handoff=again, whole=paths)),
+                    dataclasses.replace(job("resumed (values)", continue_command, "resumed-values",
+                                            ScriptRun("resumed", last, resume_at, 0, handoff=again, whole=paths)),
+                                        after=1),
+                ], isolation="spawn", on_failure="later")
+                failed = run_error(rerun_outcomes, last, resume_at)
+                return [o.output for o in rerun_outcomes], failed
+
+            notes += fetch_values(wanted, (baseline, interrupted, resumed), saved_at, rerun)
+            result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config,
+                                  rng_at_load=False)
     result.notes.extend(notes)
     return result
 

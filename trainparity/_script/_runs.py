@@ -70,11 +70,11 @@ def run_error(outcomes: Sequence[JobOutcome], steps: int, resume_at: int) -> Chi
             return failed.error if failed is not None else outcome.error
         trace: RunTrace = outcome.output
         taken = trace.steps[-1].step if trace.steps else 0
-        if outcome.phase == "interrupted" and trace.saved is None:
+        if outcome.phase.startswith("interrupted") and trace.saved is None:
             return ChildError("died", outcome.phase, "the script wrote no checkpoint (torch.save, safetensors or "
                               f"torch.distributed.checkpoint) at or after optimizer step {resume_at}: it ended "
                               f"after step {taken}")
-        if outcome.phase != "interrupted" and taken < steps:
+        if not outcome.phase.startswith("interrupted") and taken < steps:
             return ChildError("died", outcome.phase, f"the script ended after optimizer step {taken}, before "
                               f"step {steps}: give it enough iterations (steps={steps})")
     return None
