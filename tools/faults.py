@@ -11,8 +11,9 @@ injected into each phase (setup, batches, step, save, load, sample_ids) of the r
 accumulation and data-parallel checks in each isolation that runs children, and into the
 iterables `check_coverage` reads. Then signals to the parent (SIGINT at many moments, SIGTERM)
 and leak loops of many checks. For each row: the outcome, whether anything was left running,
-whether temporary files were left, the seconds between the timeout and the return, and
-whether a raw exception escaped. Exits 1 if any row breaks a promise.
+whether temporary files were left, the seconds between the timeout and the return (a hang in the
+resumed run's load counts from twice the timeout: that run starts when the interrupted one ends and
+has its own timeout), and whether a raw exception escaped. Exits 1 if any row breaks a promise.
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ def expected_outcome(fault: str) -> set[str]:
 
 
 def run_row(check: str, isolation: str, phase: str, fault: str, call: Callable[[str], tp.Result],
-            timeout: float | None) -> Row:
+            timeout: float | None, chain: int = 1) -> Row:
+    """One check against one fault. `chain`: how many runs, one after another, the hang may sit behind
+    (a run that waits for another has its timeout from its own start), so the check may take
+    `chain * timeout`."""
     pid_dir = SCRATCH / f"pids-{time.monotonic_ns()}"
     pid_dir.mkdir()
     started = time.monotonic()
@@ -123,7 +127,7 @@ def run_row(check: str, isolation: str, phase: str, fault: str, call: Callable[[
     left += [pid for pid in marked_processes() if pid not in left]
     files = leftover_files()
     clear_leftovers()
-    past = elapsed - timeout if timeout is not None and kind == "timeout" else None
+    past = elapsed - chain * timeout if timeout is not None and kind == "timeout" else None
     problems = []
     if raw:
         problems.append("raw exception")
@@ -152,8 +156,10 @@ def matrix(quick: bool, isolations: tuple[str, ...]) -> Iterator[Row]:
                     if fault == "huge_output" and phase != "step":
                         continue  # where the output comes from changes nothing
                     timeout = TIMEOUTS[isolation] + (5.0 if check == "data parallel" else 0.0)
+                    # the resumed run loads, and starts when the interrupted one has ended
+                    chain = 2 if check == "resume" and phase == "load" else 1
                     yield run_row(check, isolation, phase, fault, _checker(check, isolation, phase, fault, timeout),
-                                  timeout)
+                                  timeout, chain)
     for fault in COVERAGE_FAULTS:
         yield run_row("coverage", "inprocess", "iteration", fault, _coverage(fault), None)
 
