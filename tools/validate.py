@@ -1,7 +1,8 @@
 """The validation matrix: `python tools/validate.py [--write docs/validation.md]`.
 
 Runs the clean controls and the deliberate faults of the realistic examples in `examples/`
-through the resume, accumulation and coverage checks, and compares each outcome and first
+through the resume, accumulation and coverage checks, and (surface "parallel") through the resume
+and data-parallel checks on real gloo ranks, and compares each outcome and first
 violation (path and cause) with what the fault declares. Prints one table per surface; with
 `--write FILE`, also writes the tables, the exact command and the versions that produced them.
 Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise (the
@@ -40,13 +41,14 @@ sys.path.insert(0, str(ROOT / "examples"))  # the examples are modules the check
 
 import charlm  # noqa: E402
 import cnn  # noqa: E402
+import fsdp_gpt  # noqa: E402
 import stateful_loader  # noqa: E402
 
 torch.set_num_threads(1)
 # Faulted recipes step the scheduler out of order on purpose; torch warns about it.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
 
-SURFACES = ("resume", "accumulation", "coverage")
+SURFACES = ("resume", "accumulation", "coverage", "parallel")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
 #: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
 ACCUMULATION = {"microbatches": 4, "cycles": 2}
@@ -123,6 +125,19 @@ def cnn_coverage(layout: str, fault: str | None = None) -> Callable[[], tp.Resul
 def stateful_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
     return lambda: tp.check_coverage(stateful_loader.resumed_epoch(world=2, stop_after=2, fault=fault),
                                      policy=tp.ExactlyOnce(range(stateful_loader.ROWS)))
+
+
+def ranks(fault: str | None = None, resume_world_size: int = 2, dropout: float = 0.0) -> Callable[[], tp.Result]:
+    """The FSDP2 + DCP tiny GPT saved on 2 ranks and resumed on `resume_world_size`."""
+    recipe = fsdp_gpt.TinyGPT(dropout=dropout, fault=fault)
+    return lambda: tp.check_resume(recipe, steps=6, resume_at=3, world_size=2, resume_world_size=resume_world_size,
+                                   timeout=120.0)
+
+
+def sharded(fault: str | None = None) -> Callable[[], tp.Result]:
+    """The FSDP2 tiny GPT on 2 ranks against one process."""
+    return lambda: tp.check_data_parallel(fsdp_gpt.TinyGPT(dropout=0.0, fault=fault), world_size=2, steps=3,
+                                          timeout=120.0)
 
 
 def restored(path: str) -> Expect:
@@ -226,6 +241,18 @@ CASES = [
          stateful_coverage()),
     Case("coverage", "stateful_loader", "loader_state_not_restored", "the restarted job never loads the loader state",
          stateful_coverage("loader_state_not_restored"), Expect("coverage.same_rank_duplicate", None)),
+    # -- parallel: real gloo ranks ----------------------------------------------------------------------
+    Case("parallel", "fsdp_gpt", "clean (resume 2 -> 2)", "FSDP2 + DCP, dropout from each rank's RNG",
+         ranks(dropout=0.1)),
+    Case("parallel", "fsdp_gpt", "clean (resume 2 -> 1)", "DCP resharded on load, the loader skips the trained steps",
+         ranks(resume_world_size=1)),
+    Case("parallel", "fsdp_gpt", "rng_in_dcp", "each rank's RNG saved under one DCP key: one copy for all ranks",
+         ranks("rng_in_dcp", dropout=0.1), restored("rng.torch*")),
+    Case("parallel", "fsdp_gpt", "rank0_loader_position", "rank 0's loader position loaded on another world size",
+         ranks("rank0_loader_position", resume_world_size=1), Expect("data.sample_ids", "data_replayed")),
+    Case("parallel", "fsdp_gpt", "clean (2 ranks vs 1)", "FSDP2 on 2 ranks against one process", sharded()),
+    Case("parallel", "fsdp_gpt", "root_not_sharded", "embeddings, final norm and head left outside fully_shard",
+         sharded("root_not_sharded"), Expect("gradients.tokens.weight", "grads_not_synchronized")),
 ]
 
 
@@ -259,8 +286,9 @@ def judge(case: Case, result: tp.Result) -> tuple[bool, str]:
 
 
 def run_case(case: Case) -> Row:
-    if case.example == "stateful_loader" and stateful_loader.TORCHDATA_MISSING:
-        return Row(case, "not run", True, f"skipped: {stateful_loader.TORCHDATA_MISSING}", 0.0, skipped=True)
+    missing = {"stateful_loader": stateful_loader.TORCHDATA_MISSING, "fsdp_gpt": fsdp_gpt.TORCHDATA_MISSING}
+    if missing.get(case.example):
+        return Row(case, "not run", True, f"skipped: {missing[case.example]}", 0.0, skipped=True)
     start = time.perf_counter()
     try:
         result = case.run()
