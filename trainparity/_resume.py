@@ -227,9 +227,15 @@ class _Plan:
         if not first:
             return traces
         if set_aside.state:
-            self.notes.append(f"not compared across the change from {world_size} to {resume_world_size} ranks: "
-                              f"{', '.join(set_aside.state)}: the ranks hold different values of these (rank-local "
-                              "state, split otherwise by another number of ranks).")
+            loaders = sorted({entry for trace in traces for entry in trace.rank_local})
+            others = [path for path in set_aside.state if path.split(".", 1)[0] not in loaders]
+            self.notes.append(
+                f"not compared across the change from {world_size} to {resume_world_size} ranks, as each rank's own "
+                "state, which another number of ranks splits otherwise: "
+                + "; ".join(part for part in (
+                    f"the State's loaders and samplers ({', '.join(loaders)})" if loaders else "",
+                    f"{', '.join(others)}, which the ranks hold differently" if others else "") if part)
+                + " (the data stream is judged on the global batch).")
         if set_aside.rng_ranks:
             ranks = set_aside.rng_ranks
             self.notes.append(f"RNG streams of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
