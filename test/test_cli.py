@@ -64,6 +64,9 @@ def test_exit_status_per_outcome(
         (["resume", "resume_recipes.ResumeRecipe"], "looks like 'package.module:ClassName'"),
         (["resume", "resume_recipes:report_identity"], "is not a tp.Recipe subclass"),
         (["resume", "no_such_module:Recipe"], "cannot import module 'no_such_module'"),
+        (["resume", "resume_recipes:ResumeRecipe", "--world-size", "0"], "world_size= must be an int >= 1"),
+        (["resume", "resume_recipes:ResumeRecipe", "--world-size", "2", "--isolation", "inprocess"],
+         "cannot run a world of ranks"),
     ],
 )
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -208,6 +211,15 @@ def test_coverage_command_usage_errors(function: str, message: str, capsys: pyte
     assert main(["coverage", function]) == 4
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_resume_command_across_world_sizes(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "result.json"
+    done = run_cli("resume", "data_parallel_recipes:DDPRecipe", "--world-size", "2", "--resume-world-size", "1",
+                   "--timeout", "120", "--json", str(target))
+    config = json.loads(target.read_text())["config"]
+    assert (config["world_size"], config["resume_world_size"], config["precision"]) == (2, 1, "float64"), done.stdout
+    assert done.stdout.startswith("trainparity resume check: "), done.stdout + done.stderr
 
 
 def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
