@@ -6,10 +6,12 @@ import json
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
-from trainparity._compare import compare_leaves, compare_tensors
+from trainparity._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
 from trainparity._report import ascii_text
 
 
@@ -107,3 +109,32 @@ def test_tolerance_is_validated() -> None:
         tp.ToleranceComparison(rtol=-1.0, atol=0.0)
     with pytest.raises(TypeError, match="must be a number"):
         tp.ToleranceComparison(rtol="0.1", atol=0.0)  # type: ignore[arg-type]
+
+
+SPECIAL = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1.0, 1.5, 2.0, 1e-7, 2e-7, 3e38, 1e300]
+
+
+@settings(deadline=None, max_examples=300)
+@given(
+    dtype=st.sampled_from([torch.float64, torch.float32, torch.float16, torch.bfloat16]),
+    pairs=st.lists(st.tuples(st.sampled_from(SPECIAL) | st.floats(-4, 4), st.sampled_from(SPECIAL) | st.floats(-4, 4)),
+                   min_size=1, max_size=6),
+    tolerance=st.sampled_from([(0.0, 0.0), (1e-7, 1e-7), (0.5, 0.25), (0.0, 1.0), (2.0, 0.0)]),
+    position=st.sampled_from([0, _CLOSE_CHUNK - 3, 2 * _CLOSE_CHUNK + 1]),
+)
+@example(dtype=torch.float64, pairs=[(1.0, 1.5)], tolerance=(0.0, 0.5), position=0)  # exactly at the bound
+@example(dtype=torch.float64, pairs=[(1.0, float("inf"))], tolerance=(2.0, 0.0), position=0)  # infinite allowance
+@example(dtype=torch.float64, pairs=[(float("nan"), float("nan"))], tolerance=(1e-7, 1e-7), position=0)
+def test_tolerance_verdict_is_torch_isclose(dtype: torch.dtype, pairs: list[tuple[float, float]],
+                                            tolerance: tuple[float, float], position: int) -> None:
+    """The chunked short cut of compare_tensors agrees with torch.isclose(equal_nan=True) on every element,
+    also past the first chunk."""
+    filler = torch.linspace(-3, 3, position + len(pairs), dtype=torch.float64)
+    expected, actual = filler.clone(), filler.clone()
+    expected[position:] = torch.tensor([e for e, _ in pairs], dtype=torch.float64)
+    actual[position:] = torch.tensor([a for _, a in pairs], dtype=torch.float64)
+    expected, actual = expected.to(dtype), actual.to(dtype)
+    rtol, atol = tolerance
+    close = bool(torch.isclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True).all())
+    mismatch = compare_tensors(expected, actual, tp.ToleranceComparison(rtol=rtol, atol=atol))
+    assert (mismatch is None) == close, mismatch
