@@ -195,6 +195,7 @@ CLEAN = [
     (recipes.ClipPerMicrobatch(max_norm=1e6), {}),
     (recipes.ExactLinear, {"comparison": None}),
     (recipes.SparseEmbedding, {}),
+    (recipes.CheckpointsInStep, {}),
 ]
 
 

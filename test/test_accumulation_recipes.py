@@ -84,6 +84,18 @@ class AdamWUnscaledReturn(MLP):
         return loss.detach()
 
 
+class CheckpointsInStep(AdamWUnscaledReturn):
+    """Takes torch.distributed.checkpoint's state dicts inside step(), as a periodic checkpoint would: on
+    the first call the optimizer has no state yet, and get_state_dict creates it by a zero-gradient,
+    learning-rate-0 step that is not training."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        get_state_dict(state.model, state.optimizer)
+        return super().step(state, batch)
+
+
 class ClipAtBoundary(MLP):
     """Clips (a threshold that bites) once per optimizer step, after the last backward; steps a scheduler."""
 

@@ -75,6 +75,18 @@ def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor 
     return copy / scale if scale is not None else copy
 
 
+def creates_state(optimizer: torch.optim.Optimizer) -> bool:
+    """A `step()` that is not training: torch.distributed.checkpoint's `get_state_dict` and
+    `set_state_dict` step an optimizer that has no state yet with zero gradients and a learning
+    rate of 0, to create the state a checkpoint is loaded into. Every observer of optimizer steps
+    (recipes' and scripts') passes over it."""
+    if optimizer.state:
+        return False
+    groups = optimizer.param_groups
+    return all(float(group.get("lr", 0.0)) == 0.0 for group in groups) and all(
+        parameter.grad is None or not bool(parameter.grad.any()) for group in groups for parameter in group["params"])
+
+
 def _float(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
@@ -215,6 +227,8 @@ class Observer:
             for _, parameter in pairs:
                 self.owners.setdefault(id(parameter), entry)
         self.unscaled: set[str] = set()
+        #: optimizers whose running `step()` only creates their state (`creates_state`)
+        self._creating_state: set[str] = set()
         self.call: CallRecord | None = None
         self.call_index = 0
         self.step_events: dict[str, list[StepEvent]] = {entry: [] for entry in self.optimizers}
@@ -344,6 +358,9 @@ class Observer:
         return float(self.scaler.get_scale())
 
     def _before_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if creates_state(optimizer):
+            self._creating_state.add(entry)
+            return
         if self.before_step_callback is not None:
             self.before_step_callback(entry, optimizer)
         if self.call is None:
@@ -370,6 +387,9 @@ class Observer:
         ))
 
     def _after_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if entry in self._creating_state:
+            self._creating_state.discard(entry)
+            return
         self.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1

@@ -43,6 +43,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from trainparity import _wire as wire
 from trainparity._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
+from trainparity._observe import creates_state
 from trainparity._sample_ids import normalize_sample_ids
 from trainparity._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
 from trainparity._state import State, parameter_names
@@ -107,7 +108,7 @@ class Recorder:
         self.saved: Boundary | None = None
         #: the script's asynchronous saves (DCP `async_save` futures), waited for before the exit
         self.pending: list[Any] = []
-        #: an optimizer whose `step()` only creates its state (see `_creates_state`)
+        #: an optimizer whose `step()` only creates its state (see `trainparity._observe.creates_state`)
         self.creating_state: torch.optim.Optimizer | None = None
         self.finished = False
 
@@ -141,7 +142,7 @@ class Recorder:
     # -- hooks -----------------------------------------------------------------------------------------
 
     def before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if _creates_state(optimizer):
+        if creates_state(optimizer):
             self.creating_state = optimizer
             return
         if all(optimizer is not o for o in self.optimizers):
@@ -211,17 +212,6 @@ class Recorder:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _creates_state(optimizer: torch.optim.Optimizer) -> bool:
-    """A `step()` that is not training: torch.distributed.checkpoint's `get_state_dict` and
-    `set_state_dict` step an optimizer that has no state yet with zero gradients and a learning
-    rate of 0, to create the state a checkpoint is loaded into."""
-    if optimizer.state:
-        return False
-    groups = optimizer.param_groups
-    return all(float(group.get("lr", 0.0)) == 0.0 for group in groups) and all(
-        parameter.grad is None or not bool(parameter.grad.any()) for group in groups for parameter in group["params"])
 
 
 RECORDER: Recorder | None = None
