@@ -38,7 +38,6 @@ class TestTinyGPT(tp.TestCase):
         first = result.violations[0]
         self.assertEqual((first.path, first.cause, first.step), ("data.sample_ids", "data_replayed", 4))
 
-
     def test_two_fsdp_ranks_train_like_one_process(self) -> None:
         self.assertDataParallelEquivalent(TinyGPT(dropout=0.0), world_size=2, steps=3, timeout=120)
 

@@ -13,6 +13,10 @@ the column-parallel `up` projection an input whose gradient is not all-reduced i
 
 from __future__ import annotations
 
+import pathlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from regression_recipe import RegressionRecipe
@@ -21,6 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import trainparity as tp
@@ -132,3 +137,31 @@ class TwoDimRecipe(ParallelRecipe):
         sampler = DistributedSampler(dataset(), num_replicas=replicas, rank=rank, shuffle=True, seed=3)
         loader = DataLoader(dataset(), batch_size=8 // replicas, sampler=sampler)
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
+
+
+class WideDDPRecipe(ParallelRecipe):
+    """DDP over a layer of 128 KiB (its tensors travel as digests), resumed by the default save/load;
+    `optimizer_not_loaded` restores the model alone, so AdamW's moments restart."""
+
+    def setup(self) -> tp.State:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(nn.Linear(256, 128))
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), step=0)
+
+    def batches(self, state: tp.State) -> Iterator[Any]:
+        data = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+        while True:
+            ids = torch.arange(8) + 8 * (state.step % 8)
+            shard = ids[self.rank::self.world]
+            yield shard, data[shard], data[shard, :128]
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        state.step += 1
+        return super().step(state, batch)
+
+    def load(self, path: pathlib.Path) -> tp.State:
+        state = super().load(path)
+        if self.fault == "optimizer_not_loaded":
+            state.optimizer = torch.optim.AdamW(state.model.parameters(), lr=1e-3)
+        return state

@@ -67,6 +67,8 @@ def test_exit_status_per_outcome(
         (["resume", "resume_recipes:ResumeRecipe", "--world-size", "0"], "world_size= must be an int >= 1"),
         (["resume", "resume_recipes:ResumeRecipe", "--world-size", "2", "--isolation", "inprocess"],
          "cannot run a world of ranks"),
+        (["resume", "parallel_recipes:WideDDPRecipe", "--world-size", "2", "--resume-world-size", "1"],
+         "needs WideDDPRecipe's own save() and load()"),
     ],
 )
 def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -213,13 +215,13 @@ def test_coverage_command_usage_errors(function: str, message: str, capsys: pyte
     assert message in err and err.count("\n") == 1, err
 
 
-def test_resume_command_across_world_sizes(tmp_path: pathlib.Path) -> None:
+def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
-    done = run_cli("resume", "data_parallel_recipes:DDPRecipe", "--world-size", "2", "--resume-world-size", "1",
+    done = run_cli("resume", "parallel_recipes:WideDDPRecipe", "--world-size", "2", "--steps", "4",
                    "--timeout", "120", "--json", str(target))
+    assert done.returncode == 0 and done.stdout.startswith("trainparity resume check: PASS"), done.stdout + done.stderr
     config = json.loads(target.read_text())["config"]
-    assert (config["world_size"], config["resume_world_size"], config["precision"]) == (2, 1, "float64"), done.stdout
-    assert done.stdout.startswith("trainparity resume check: "), done.stdout + done.stderr
+    assert (config["world_size"], config["resume_world_size"], config["backend"]) == (2, 2, "gloo"), config
 
 
 def test_data_parallel_command(tmp_path: pathlib.Path) -> None:

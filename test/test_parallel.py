@@ -109,10 +109,10 @@ def test_outputs_are_recorded_in_the_order_modules_finish_and_hooks_are_removed(
     assert [(o.key, o.module, o.shape) for o in first] == [
         ("model.0.fc", "model.0.fc (Linear)", [2, 3]),
         ("model.0.fc#2", "model.0.fc (Linear)", [2, 3]),
-        ("model.0[out]", "model.0 (Block)", [2, 3]),  # integer outputs are not kept
+        ("model.0.out", "model.0 (Block)", [2, 3]),  # integer outputs are not kept
         ("model.1", "model.1 (Tanh)", [2, 3]),
     ]
-    assert [o.key for o in second] == ["model.0.fc", "model.0.fc#2", "model.0[out]"]  # calls count per step
+    assert [o.key for o in second] == ["model.0.fc", "model.0.fc#2", "model.0.out"]  # calls count per step
     assert all(not module._forward_hooks for module in model.modules())
 
 

@@ -72,3 +72,41 @@ def test_bad_world_arguments_are_refused_before_anything_runs(arguments: dict[st
                                                                words: str) -> None:
     with pytest.raises(error, match=words):
         tp.check_resume("resume_recipes:ResumeRecipe", **arguments)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("actual", "expected"), [
+    ([1, 9], (None, 9, 1)),               # 1 is where it belongs, though step 1 read it too; 9 is unknown
+    ([4, 5], ("data_skipped", 4, 0)),      # the next batch's samples
+    ([2, 3], ("data_replayed", 2, 0)),     # the previous batch's
+    ([3, 1], (None, 3, 0)),                # the right samples in another order: neither
+])
+def test_a_resumed_batch_is_blamed_on_a_sample_it_should_not_hold(actual: list[int | str],
+                                                                   expected: tuple[object, ...]) -> None:
+    from trainparity._resume import _data_cause
+
+    baseline = [StepRecord(step, {}, ids, None, {}) for step, ids in enumerate([[0, 1], [2, 3], [1, 3], [4, 5]], 1)]
+    assert _data_cause(baseline, 2, actual) == expected
+
+
+def test_a_single_rank_uninterrupted_world_replicates_everything_but_loaders() -> None:
+    # resuming one rank on two: a resumed rank that restored another value is named, not set aside
+    replicated = replicated_paths([[_rank(1.0, 0, [0], 1.0, 5, ("loader",))]])
+    assert replicated == {"model.weight", "counter"}
+    one = merge_ranks([_rank(1.0, 0, [0, 1], 1.0, 5, ("loader",))], replicated, unordered=True)
+    two = merge_ranks([_rank(1.0, 0, [0], 1.0, 5, ("loader",)), _rank(1.0, 3, [1], 1.0, 5, ("loader",))],
+                      replicated, unordered=True)
+    set_aside = align([one, two], replicated, 1)
+    assert set_aside.state == ["loader.position"]
+    assert one.steps[0].state["counter[rank 1]"] == 0 and two.steps[0].state["counter[rank 1]"] == 3
+
+
+def test_a_multi_rank_report_shows_the_values_of_tensors_compared_by_digest() -> None:
+    # Two rounds of worlds (the runs, then the runs again for the values) each meet at their own store.
+    result = tp.check_resume("parallel_recipes:WideDDPRecipe(fault='optimizer_not_loaded')", steps=4, resume_at=2,
+                             world_size=2, timeout=120)
+    assert result.outcome is tp.Outcome.FAIL, result.report()
+    moment = next(v for v in result.violations if v.path == "optimizer.state.weight.exp_avg")
+    assert (moment.step, moment.cause) == (2, "not_restored"), result.report()
+    weight = next(v for v in result.violations if v.path == "model.weight")
+    assert "Mismatched elements" in weight.message and "digest" not in weight.message, weight.message
+    assert not any("digest" in note for note in result.notes), result.notes

@@ -62,7 +62,7 @@ from trainparity._snapshot import to_leaf
 from trainparity._state import seed_everything, validate_seed
 from trainparity._trace import next_batch, require_state
 from trainparity._violation import Outcome, Violation
-from trainparity._world import World, join, leave, validate_backend
+from trainparity._world import World, join, leave, validate_backend, world_isolation
 
 TASK = "trainparity._data_parallel:run_rank"
 REFERENCE = "reference"
@@ -204,16 +204,22 @@ def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
         yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take())
 
 
+def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, nn.Module]]:
+    """Every submodule of the State's modules: its path, the "path (Class)" reports name it by, and itself."""
+    for entry, module in modules.items():
+        for sub_name, sub in module.named_modules():
+            path = f"{entry}.{sub_name}" if sub_name else entry
+            yield path, f"{path} ({type(sub).__name__})", sub
+
+
 def owning_layers(observer: Observer) -> dict[str, str]:
     """Parameter name -> "path (Class)" of the module that holds it."""
     layers: dict[str, str] = {}
-    for entry, module in observer.modules.items():
-        for sub_name, sub in module.named_modules():
-            for parameter in sub.parameters(recurse=False):
-                name = observer.names.get(id(parameter))
-                if name is not None and name not in layers:
-                    layers[name] = f"{entry}.{sub_name} ({type(sub).__name__})" if sub_name else \
-                        f"{entry} ({type(sub).__name__})"
+    for _, label, sub in named_layers(observer.modules):
+        for parameter in sub.parameters(recurse=False):
+            name = observer.names.get(id(parameter))
+            if name is not None and name not in layers:
+                layers[name] = label
     return layers
 
 
@@ -234,11 +240,9 @@ class OutputRecorder:
 
     def __enter__(self) -> OutputRecorder:
         try:
-            for entry, module in self.modules.items():
-                for sub_name, sub in module.named_modules():
-                    path = f"{entry}.{sub_name}" if sub_name else entry
-                    hook = functools.partial(self._record, path, f"{path} ({type(sub).__name__})")
-                    self._stack.callback(sub.register_forward_hook(hook).remove)
+            for path, label, sub in named_layers(self.modules):
+                hook = functools.partial(self._record, path, label)
+                self._stack.callback(sub.register_forward_hook(hook).remove)
         except BaseException:
             self._stack.close()
             raise
@@ -274,10 +278,10 @@ def _output_tensors(output: object) -> list[tuple[str, torch.Tensor]]:
     items: list[tuple[str, object]]
     if isinstance(output, torch.Tensor):
         items = [("", output)]
-    elif isinstance(output, (tuple, list)):
-        items = [(f"[{index}]", item) for index, item in enumerate(output)]
+    elif isinstance(output, (tuple, list)):  # items named as the snapshot walk names them: `.0`, `.key`
+        items = [(f".{index}", item) for index, item in enumerate(output)]
     elif isinstance(output, Mapping):
-        items = [(f"[{key}]", item) for key, item in output.items()]
+        items = [(f".{key}", item) for key, item in output.items()]
     else:
         items = []
     return [(suffix, item) for suffix, item in items
@@ -327,10 +331,7 @@ def check_data_parallel(
     declared = None if comparison is None else resolve_comparison(comparison)
     precision = _session.precision(precision)
     timeout = _session.timeout(timeout)
-    own: _session.Isolation = "spawn" if backend == "nccl" else "process"
-    isolation = _session.isolation(isolation, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
-    if isolation == "inprocess":
-        raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
+    isolation = world_isolation(isolation, backend)
     config: dict[str, Any] = {
         "recipe": ref.name,
         "world_size": world_size,

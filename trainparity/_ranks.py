@@ -7,8 +7,8 @@ resume judgement compares runs of any world size as it compares single processes
   worlds have are compared.
 - The State is judged on the values every rank holds alike (parameters and optimizer state are
   gathered by the snapshot walk, so FSDP, DDP and tensor parallelism all give whole values): a
-  path that all ranks of the uninterrupted world (of the resumed world, when the uninterrupted
-  one has a single rank) hold alike, in every snapshot, is *replicated*
+  path that all ranks of the uninterrupted world hold alike, in every snapshot (every path but
+  the loaders', when that world has a single rank), is *replicated*
   and merges into one entry under its own path, rank 0's value. A rank of another run whose
   value differs from its rank 0's is added as `path[rank r]` (and expected to hold the replicated
   value), so a rank that loaded nothing is still seen. Other paths are *rank-local* (a loader's
@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 
 from trainparity._compare import EXACT, Snapshot, compare_leaves
 from trainparity._sample_ids import SampleIds
+from trainparity._snapshot import state_entry
 from trainparity._trace import Boundary, RunTrace, StepRecord
 
 _AT_RANK = re.compile(r"^(.*)\[rank (\d+)\]$")
@@ -42,6 +43,16 @@ def _split(path: str) -> tuple[str, int | None]:
     """A merged path's own path and rank (None when it has no rank)."""
     match = _AT_RANK.match(path)
     return (path, None) if match is None else (match.group(1), int(match.group(2)))
+
+
+def own_path(path: str) -> str:
+    """A merged path without its rank: the path in the rank's own snapshot."""
+    return _split(path)[0]
+
+
+def path_rank(path: str) -> int | None:
+    """The rank a merged path names, if it names one."""
+    return _split(path)[1]
 
 
 def _state_snapshots(ranks: Sequence[RunTrace]) -> Iterator[list[Snapshot]]:
@@ -65,7 +76,7 @@ def replicated_paths(runs: Sequence[Sequence[RunTrace]]) -> frozenset[str]:
             for snapshot in snapshots:
                 seen.update(snapshot)
                 local.update(path for path in snapshot.keys() ^ first.keys())
-                local.update(path for path in snapshot if path.split(".", 1)[0] in own)
+                local.update(path for path in snapshot if state_entry(path) in own)
                 local.update(path for path, value in snapshot.items() if path in first
                              and compare_leaves(first[path], value, EXACT) is not None)
     return frozenset(seen - local)

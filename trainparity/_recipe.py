@@ -87,24 +87,21 @@ class Recipe(Generic[S]):
 
     def save(self, state: S, path: pathlib.Path) -> None:
         """Your checkpoint code; by default `tp.save_state`, one file per rank in a world of ranks."""
-        save_state(state, _rank_file(path, for_load=False))
+        save_state(state, _rank_file(path))
 
     def load(self, path: pathlib.Path) -> S:
-        """Your resume code; by default `setup()` then `tp.load_state` (a rank the saving world did not
-        have loads rank 0's file)."""
-        return load_state(self.setup(), _rank_file(path, for_load=True))
+        """Your resume code; by default `setup()` then `tp.load_state` (in a world of ranks, the rank's own file)."""
+        return load_state(self.setup(), _rank_file(path))
 
 
-def _rank_file(path: pathlib.Path, *, for_load: bool) -> pathlib.Path:
-    """The default checkpoint's file: `path`, or `path.rank<r>` in an initialized world of several ranks.
-    A load takes the first that exists of its own, rank 0's and the single-process file."""
+def _rank_file(path: pathlib.Path) -> pathlib.Path:
+    """The default checkpoint's file: `path`, or `path.rank<r>` in an initialized world of several ranks (whose
+    ranks each hold their own loader position and RNG state)."""
     import torch.distributed as dist
 
-    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-    own = path.with_name(f"{path.name}.rank{dist.get_rank()}") if several else path
-    if not for_load:
-        return own
-    return next((file for file in (own, path.with_name(f"{path.name}.rank0"), path) if file.exists()), own)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return path.with_name(f"{path.name}.rank{dist.get_rank()}")
+    return path
 
 
 def set_sampler_epoch(source: object, epoch: int) -> None:

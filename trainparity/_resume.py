@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -29,13 +29,14 @@ from trainparity._compare import (
 from trainparity._digest import Digest, digest
 from trainparity._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
 from trainparity._precision import describe_comparison, dtype_error_hint, effective_comparison
-from trainparity._ranks import align, merge_ranks, replicated_paths
-from trainparity._recipe import RecipeSpec, resolve_recipe
+from trainparity._ranks import align, merge_ranks, own_path, path_rank, replicated_paths
+from trainparity._recipe import Recipe, RecipeSpec, resolve_recipe
 from trainparity._result import ChildError, ResumeResult
+from trainparity._snapshot import state_entry
 from trainparity._state import validate_seed
 from trainparity._trace import RunTrace, StepRecord, TrainPayload, Whole, diff_steps
 from trainparity._violation import Outcome, Violation
-from trainparity._world import World, validate_backend
+from trainparity._world import World, validate_backend, world_isolation
 
 TASK = "trainparity._trace:train_run"
 
@@ -99,20 +100,21 @@ def check_resume(
     world_size, resume_world_size = _validate_worlds(world_size, resume_world_size)
     declared = None if comparison is None else resolve_comparison(comparison)
     ranked = max(world_size, resume_world_size) > 1
-    if ranked:
-        backend = validate_backend(backend, max(world_size, resume_world_size))
+    if world_size != resume_world_size:
+        recipe_class = ref.recipe_class()
+        if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
+            raise ValueError(
+                f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
+                "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
+                "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
+                "splits otherwise")
+    backend = validate_backend(backend, max(world_size, resume_world_size))
     if precision is None and world_size == resume_world_size:
         precision = "native"
     precision = _session.precision(precision)
     judged = effective_comparison(declared, precision)
     timeout = _session.timeout(timeout)
-    if ranked:
-        own: _session.Isolation = "spawn" if backend == "nccl" else "process"
-        isolation = _session.isolation(isolation, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
-        if isolation == "inprocess":
-            raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
-    else:
-        isolation = _session.isolation(isolation, "process")
+    isolation = world_isolation(isolation, backend) if ranked else _session.isolation(isolation, "process")
     seed = validate_seed(seed)
     config: dict[str, Any] = {
         "recipe": ref.name,
@@ -130,51 +132,71 @@ def check_resume(
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
         run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
                            digests=isinstance(judged, ExactComparison), precision=precision)
-        plan = _Plan(timeout, isolation, backend, str(checkpoint_dir),
+        runs = _Runs(timeout, isolation, backend, str(checkpoint_dir),
                      (world_size, resume_world_size) if ranked else (0, 0))
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
-        traces, error = plan.run([
-            ("interrupted", dataclasses.replace(run, last=resume_at, save=True), False, None),
-            ("baseline", run, False, None),
-            ("resumed", dataclasses.replace(run, first=resume_at + 1, load=True), True, 0),
-            ("baseline (repeat)", run, False, None),
+        traces, failed = runs.run([
+            _Run("interrupted", dataclasses.replace(run, last=resume_at, save=True)),
+            _Run("baseline", run),
+            _Run("resumed", dataclasses.replace(run, first=resume_at + 1, load=True), resumed=True, after=0),
+            _Run("baseline (repeat)", run),
         ])
-        if error is not None and error.error is not None:
-            result = ResumeResult.errored(error.error, config, error.exception)
-            hint = dtype_error_hint(error.error.message) if precision == "float64" else None
+        if failed is not None:
+            assert failed.error is not None
+            result = ResumeResult.errored(failed.error, config, failed.exception)
+            hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
             if hint is not None:
                 result.notes.append(hint)
             return result
         interrupted, baseline, resumed, repeat = traces
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
-        result.notes.extend(plan.notes)
+        result = _ranked(judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config))
+        result.notes.extend(runs.notes)
         wanted = values_wanted(result, baseline, resumed, resume_at)
         if wanted is None:
             return result
 
         def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
-            again, failed = plan.run([
-                ("baseline (values)", dataclasses.replace(run, last=last, whole=whole), False, None),
-                ("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True, whole=whole,
-                                                             checkpoint=run.checkpoint + ".values"), False, None),
-                ("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True, whole=whole),
-                 True, None),
+            # A merged path names its rank (`path[rank r]`); each rank's child knows the path alone.
+            own = tuple((step, frozenset(own_path(path) for path in paths)) for step, paths in whole)
+            again, failed = runs.run([
+                _Run("baseline (values)", dataclasses.replace(run, last=last, whole=own)),
+                _Run("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True, whole=own,
+                                                                 checkpoint=run.checkpoint + ".values")),
+                _Run("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True,
+                                                             whole=own), resumed=True),
             ])
             return again, None if failed is None else failed.error
 
         notes = fetch_values(wanted, (baseline, interrupted, resumed), resume_at, rerun)
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
-        result.notes.extend(plan.notes + notes)
+        result = _ranked(judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config))
+        result.notes.extend(runs.notes + notes)
         return result
 
 
+def _ranked(result: ResumeResult) -> ResumeResult:
+    """The result with each violation at a rank's own path (`path[rank r]`) carrying that rank."""
+    result.violations[:] = [dataclasses.replace(v, rank=path_rank(v.path)) if path_rank(v.path) is not None else v
+                            for v in result.violations]
+    return result
+
+
+class _Run(NamedTuple):
+    """One run of the check: its phase, its payload, whether it is the resumed run (on the resumed world
+    size), and the index of the run it waits for."""
+
+    phase: str
+    payload: TrainPayload
+    resumed: bool = False
+    after: int | None = None
+
+
 @dataclasses.dataclass
-class _Plan:
-    """How the check's runs are made: single processes, or worlds of ranks merged into one trace each."""
+class _Runs:
+    """Launches the check's runs: single processes, or worlds of ranks merged into one trace each."""
 
     timeout: float
-    isolation: str
+    isolation: _session.Isolation
     backend: str
     scratch: str
     #: the ranks of the runs and of the resumed run; (0, 0): single processes, no process group
@@ -183,44 +205,47 @@ class _Plan:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: the replicated State paths (`trainparity._ranks`), fixed by the check's first runs
     replicated: frozenset[str] | None = None
+    #: worlds started so far: each meets at a store file of its own (a finished world's file lives on)
+    started: int = 0
 
-    def run(self, runs: list[tuple[str, TrainPayload, bool, int | None]]) -> tuple[list[RunTrace], JobOutcome | None]:
-        """Run (phase, payload, resumed, index of the run it waits for) in order; their traces, or the failure."""
+    def run(self, runs: list[_Run]) -> tuple[list[RunTrace], JobOutcome | None]:
+        """Run `runs`; their traces in order, or the failure that ended them."""
         jobs: list[Job] = []
-        first_jobs: list[int] = []
+        starts: list[int] = []
         sizes: list[int] = []
-        for phase, payload, resumed, after in runs:
-            size = self.worlds[1] if resumed else self.worlds[0]
-            waits = None if after is None else first_jobs[after]
-            first_jobs.append(len(jobs))
+        for run in runs:
+            size = self.worlds[1] if run.resumed else self.worlds[0]
+            waits = None if run.after is None else starts[run.after]
+            starts.append(len(jobs))
             sizes.append(size)
             if size == 0:
-                jobs.append(Job(TASK, payload, phase, self.timeout, after=waits, decode=RunTrace.from_wire))
+                jobs.append(Job(TASK, run.payload, run.phase, self.timeout, after=waits, decode=RunTrace.from_wire))
                 continue
             # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
-            store = f"{self.scratch}/store.{len(first_jobs)}"
-            jobs += [Job(TASK, dataclasses.replace(payload, world=World(self.backend, rank, size, store)), phase,
-                         self.timeout, rank=rank, after=waits, decode=RunTrace.from_wire) for rank in range(size)]
+            self.started += 1
+            store = f"{self.scratch}/store.{self.started}"
+            jobs += [Job(TASK, dataclasses.replace(run.payload, world=World(self.backend, rank, size, store)),
+                         run.phase, self.timeout, rank=rank, after=waits, decode=RunTrace.from_wire)
+                     for rank in range(size)]
         ranked = self.worlds != (0, 0)
         # The ranks of a world block in collectives when one of them fails: every job is ended at once.
         outcomes = run_jobs(jobs, isolation=self.isolation, concurrency=len(jobs) if ranked else None,
                             on_failure="all" if ranked else "later")
         failed = first_failure(outcomes) if ranked else first_error(outcomes)
-        if failed is not None and failed.error is not None:
+        if failed is not None:
             return [], failed
         if not ranked:
             return [o.output for o in outcomes], None
-        groups = [[o.output for o in outcomes[start:start + size]]
-                  for start, size in zip(first_jobs, sizes, strict=True)]
-        return self._merge(groups, [resumed for _, _, resumed, _ in runs]), None
+        groups = [[o.output for o in outcomes[start:start + size]] for start, size in zip(starts, sizes, strict=True)]
+        return self._merge(groups, [run.resumed for run in runs]), None
 
     def _merge(self, groups: list[list[RunTrace]], resumed: list[bool]) -> list[RunTrace]:
         world_size, resume_world_size = self.worlds
         first = self.replicated is None
         if self.replicated is None:
-            # Judged on the uninterrupted world's ranks; a world of one rank says nothing, so the resumed one's.
-            self.replicated = replicated_paths([g for g, r in zip(groups, resumed, strict=True)
-                                                if r == (world_size == 1)])
+            # From the uninterrupted world only, so that a resumed rank that restored something else is
+            # named (`path[rank r]`) instead of making the path rank-local.
+            self.replicated = replicated_paths([g for g, r in zip(groups, resumed, strict=True) if not r])
         changes = world_size != resume_world_size
         traces = [merge_ranks(group, self.replicated, unordered=changes) for group in groups]
         set_aside = align(traces, self.replicated, min(self.worlds) if changes else None)
@@ -228,7 +253,7 @@ class _Plan:
             return traces
         if set_aside.state:
             loaders = sorted({entry for trace in traces for entry in trace.rank_local})
-            others = [path for path in set_aside.state if path.split(".", 1)[0] not in loaders]
+            others = [path for path in set_aside.state if state_entry(path) not in loaders]
             self.notes.append(
                 f"not compared across the change from {world_size} to {resume_world_size} ranks, as each rank's own "
                 "state, which another number of ranks splits otherwise: "
@@ -347,11 +372,14 @@ def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str])
                     min(len(expected), len(actual)))
     earlier = {i for record in baseline[:index] for i in record.sample_ids or []}
     later = {i for record in baseline[index + 1:] for i in record.sample_ids or []}
+    belongs = set(expected)
     for at in (position, *range(len(actual))):
-        if at < len(actual) and actual[at] in earlier:
-            return "data_replayed", actual[at], at
-        if at < len(actual) and actual[at] in later:
-            return "data_skipped", actual[at], at
+        # a sample of the expected batch is not what went wrong, though later epochs bring it back
+        if at < len(actual) and actual[at] not in belongs:
+            if actual[at] in earlier:
+                return "data_replayed", actual[at], at
+            if actual[at] in later:
+                return "data_skipped", actual[at], at
     return None, actual[position] if position < len(actual) else expected[position], position
 
 

@@ -7,6 +7,7 @@ by a child with `torch.save` and read by the parent with `torch.load(weights_onl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -24,8 +25,19 @@ class Digesting:
     above: int = DIGEST_ABOVE_BYTES
     full: frozenset[str] = frozenset()
 
+    @classmethod
+    def at(cls, whole: Iterable[tuple[int, Iterable[str]]], step: int) -> Digesting:
+        """Digesting for the snapshot of `step` (0: at the load and the save), with the paths `whole`
+        lists for that step shipped whole."""
+        return cls(full=frozenset(next((paths for at, paths in whole if at == step), ())))
+
     def applies(self, path: str, value: torch.Tensor) -> bool:
         return value.nbytes > self.above and path not in self.full and digestible(value)
+
+
+def state_entry(path: str) -> str:
+    """The State entry a snapshot path is under (its first component)."""
+    return path.split(".", 1)[0]
 
 
 def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None) -> None:

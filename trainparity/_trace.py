@@ -185,7 +185,7 @@ class TrainPayload:
         """How the snapshot after `step` (0: at the load and the save) is taken."""
         if not self.digests:
             return None
-        return Digesting(full=dict(self.whole).get(step, frozenset()))
+        return Digesting.at(self.whole, step)
 
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:

@@ -10,6 +10,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainparity import _session
+from trainparity._session import Isolation
+
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
 #: ~ProcessGroupGloo joins a worker thread that waits for the GIL)
@@ -40,6 +43,17 @@ def validate_backend(backend: object, world_size: int) -> str:
             "lower world_size or use backend='gloo'"
         )
     return backend
+
+
+def world_isolation(explicit: object, backend: str) -> Isolation:
+    """The isolation of a check that runs worlds of ranks: "process" (children of the fork server), or
+    "spawn", the default for nccl, since a child forked from the fork server may be unable to initialize
+    CUDA; "inprocess" cannot run several ranks."""
+    own: Isolation = "spawn" if backend == "nccl" else "process"
+    isolation = _session.isolation(explicit, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
+    if isolation == "inprocess":
+        raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
+    return isolation
 
 
 def join(world: World) -> None:

@@ -82,7 +82,7 @@ class ScriptRun:
 
     def digesting(self, step: int) -> Digesting:
         """How the snapshot of `step` (0: at the load and the save) is taken."""
-        return Digesting(full=frozenset(dict(self.whole).get(step, ())))
+        return Digesting.at(self.whole, step)
 
 
 class Recorder:
