@@ -20,7 +20,6 @@ names the layer whose all-reduce is missing (`tp_partial_not_reduced`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -46,7 +45,7 @@ from trainparity._compare import (
 from trainparity._coverage import ExactlyOnce, check_coverage
 from trainparity._digest import gathered
 from trainparity._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
-from trainparity._observe import Observer
+from trainparity._observe import HookSet, Observer
 from trainparity._precision import (
     cast_batch,
     convert_state,
@@ -93,7 +92,7 @@ OUTPUT_LIMIT = 512
 class ModuleOutput:
     """A floating tensor a module returned in one step, as the tensor-parallel diagnosis keeps it."""
 
-    #: the module's path, `[i]`/`[key]` for an item of a tuple or dict output, `#n` for its n-th call in the step
+    #: the module's path, `.i`/`.key` for an item of a tuple or dict output, `#n` for its n-th call in the step
     key: str
     #: the module's path and class, as reports name it: "model.down (Linear)"
     module: str
@@ -223,7 +222,7 @@ def owning_layers(observer: Observer) -> dict[str, str]:
     return layers
 
 
-class OutputRecorder:
+class OutputRecorder(HookSet):
     """Forward hooks on every submodule of the State's modules, removed on exit: each floating tensor a module
     returns, in the order the modules finish (inner before outer), until `OUTPUT_LIMIT` outputs are kept.
 
@@ -232,24 +231,16 @@ class OutputRecorder:
     """
 
     def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        super().__init__()
         self.modules = modules
         self.outputs: list[ModuleOutput] = []
         self.calls: Counter[str] = Counter()
         self.left = OUTPUT_LIMIT
-        self._stack = contextlib.ExitStack()
 
-    def __enter__(self) -> OutputRecorder:
-        try:
-            for path, label, sub in named_layers(self.modules):
-                hook = functools.partial(self._record, path, label)
-                self._stack.callback(sub.register_forward_hook(hook).remove)
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stack.close()
+    def _install(self) -> None:
+        for path, label, sub in named_layers(self.modules):
+            hook = functools.partial(self._record, path, label)
+            self._stack.callback(sub.register_forward_hook(hook).remove)
 
     def _record(self, path: str, module: str, instance: nn.Module, args: Any, output: Any) -> None:
         self.calls[path] += 1

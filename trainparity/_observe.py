@@ -31,7 +31,7 @@ import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -179,7 +179,29 @@ class Dropout:
     functions: list[str] = dataclasses.field(default_factory=list)
 
 
-class Observer:
+class HookSet:
+    """Hooks and patches that `_install` puts in place on entry, each registering its undoing on `_stack`:
+    all removed on exit, and on a failure halfway through installing, exceptions included."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+
+    def _install(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self._install()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+
+class Observer(HookSet):
     """Hooks on one State's objects; use as a context manager around the observed calls.
 
     Between `begin_call()` and `end_call()` everything observed is attributed to that call.
@@ -203,6 +225,7 @@ class Observer:
         before_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
         fingerprint_rng: bool = True,
     ) -> None:
+        super().__init__()
         self.state = state
         self._rng_fingerprint: Callable[[], str] = rng_fingerprint if fingerprint_rng else str
         self.recipe_type = recipe_type
@@ -242,7 +265,6 @@ class Observer:
         self.batch_dependent: set[str] = set()
         self._clip_records: list[dict[str, torch.Tensor | None]] = []
         self._clip_depth = 0
-        self._stack = contextlib.ExitStack()
 
     @staticmethod
     def _params_of(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -250,17 +272,6 @@ class Observer:
             yield from group["params"]
 
     # -- installing and removing ------------------------------------------------------------------
-
-    def __enter__(self) -> Observer:
-        try:
-            self._install()
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stack.close()
 
     def _install(self) -> None:
         stack = self._stack
