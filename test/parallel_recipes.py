@@ -3,17 +3,14 @@
 `FSDPRecipe(fault=...)`: an embedding-like input layer, blocks sharded layer by layer, a head, and
 the root sharded last, as torchtitan does; `root_unsharded` leaves the root out (its own layers keep
 per-rank gradients that are never reduced), `divide_factor_1` sums the gradients where the full batch
-takes a mean. `TPRecipe(fault=...)`: an MLP whose ranks read the same batch, with replicated `embed` and
-`head` layers around a column-parallel `up` and a row-parallel `down` projection;
-`rank_seeded_shuffle` lets each rank shuffle with its own seed, so they do not; `missing_reduction` declares
-the row-parallel `down` projection's output Partial, so no rank all-reduces it; `missing_grad_reduction` gives
-the column-parallel `up` projection an input whose gradient is not all-reduced in backward, so the replicated
-`embed` layer before it keeps a partial gradient on each rank.
+takes a mean. The tensor-parallel recipe is the example `examples/tp_mlp.py`; `TwoDimRecipe` puts its
+MLP on a 2x2 mesh.
 """
 
 from __future__ import annotations
 
 import pathlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,14 +18,17 @@ import torch
 import torch.distributed as dist
 from regression_recipe import RegressionRecipe
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, Partial, Replicate
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import trainparity as tp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+from tp_mlp import MLP, TensorParallelMLP, parallelize  # noqa: E402  (the example's directory goes first)
+
+__all__ = ["FSDPRecipe", "TensorParallelMLP", "TwoDimRecipe", "WideDDPRecipe"]
 
 
 def dataset() -> TensorDataset:
@@ -73,52 +73,6 @@ class FSDPRecipe(ParallelRecipe):
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
 
 
-class MLP(nn.Module):
-    """Replicated layers around a column-parallel up projection and a row-parallel down projection."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Linear(6, 8)
-        self.up = nn.Linear(8, 16)
-        self.down = nn.Linear(16, 8)
-        self.head = nn.Linear(8, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(torch.tanh(self.down(torch.tanh(self.up(torch.tanh(self.embed(x)))))))
-        return out
-
-
-class _ReplicatedWithoutGradReduction(torch.autograd.Function):
-    """What ColwiseParallel does to a plain input (a replicated DTensor), minus the all-reduce of its
-    gradient in backward: every rank keeps only its shard's contribution."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
-        return DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: DTensor) -> tuple[torch.Tensor, None]:
-        return grad.to_local(), None
-
-
-class TPRecipe(ParallelRecipe):
-    def setup(self) -> tp.State:
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        model = MLP()
-        if self.fault == "missing_grad_reduction":
-            # Registered before ColwiseParallel's own pre-hook, which then finds its input already replicated.
-            def replicate(module: nn.Module, args: tuple[torch.Tensor]) -> tuple[DTensor]:
-                return (_ReplicatedWithoutGradReduction.apply(args[0], mesh),)  # type: ignore[no-untyped-call]
-
-            model.up.register_forward_pre_hook(replicate)
-        # A Partial output layout leaves the row-parallel sums on the ranks, never all-reduced.
-        down = RowwiseParallel(output_layouts=Partial()) if self.fault == "missing_reduction" else RowwiseParallel()
-        parallelize_module(model, mesh, {"up": ColwiseParallel(), "down": down})
-        seed = 5 + (dist.get_rank() if self.fault == "rank_seeded_shuffle" else 0)
-        loader = DataLoader(dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(seed))
-        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
-
-
 class TwoDimRecipe(ParallelRecipe):
     """A 2x2 mesh: tensor parallel within each row (`tp`), FSDP2 across rows (`dp`). The two ranks of a
     tensor-parallel group read the same shard of the batch; the groups split it. `tp_rank_in_sampler`
@@ -128,7 +82,7 @@ class TwoDimRecipe(ParallelRecipe):
         world = dist.get_world_size()
         mesh = init_device_mesh("cpu", (min(world, 2), world // min(world, 2)), mesh_dim_names=("dp", "tp"))
         model = MLP()
-        parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        parallelize(model, mesh["tp"])
         fully_shard(model, mesh=mesh["dp"])
         dp = mesh["dp"]
         replicas, rank = dp.size(), dp.get_local_rank()

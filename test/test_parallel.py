@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_recipes import FSDPRecipe, TPRecipe, TwoDimRecipe
+from parallel_recipes import FSDPRecipe, TensorParallelMLP, TwoDimRecipe
 from torch import nn
 
 import trainparity as tp
@@ -56,19 +56,19 @@ def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> Non
 
 
 def test_tensor_parallel_ranks_reading_the_same_batch_train_like_one_process() -> None:
-    result = tp.check_data_parallel(TPRecipe(), world_size=2, steps=2, timeout=120)
+    result = tp.check_data_parallel(TensorParallelMLP(), world_size=2, steps=2, timeout=120)
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
 def test_tensor_parallel_ranks_reading_different_batches_fail_on_the_data() -> None:
-    result = tp.check_data_parallel(TPRecipe("rank_seeded_shuffle"), world_size=2, steps=2, timeout=120)
+    result = tp.check_data_parallel(TensorParallelMLP("rank_seeded_shuffle"), world_size=2, steps=2, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert first.path == "data.sample_ids", result.report()
 
 
 def test_unreduced_row_parallel_output_is_named() -> None:
-    result = tp.check_data_parallel(TPRecipe("missing_reduction"), world_size=2, steps=2, timeout=120)
+    result = tp.check_data_parallel(TensorParallelMLP("missing_reduction"), world_size=2, steps=2, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.kind, first.cause, first.step) == (
@@ -81,7 +81,7 @@ def test_unreduced_row_parallel_output_is_named() -> None:
 
 
 def test_unreduced_input_gradient_names_the_layer_with_partial_gradients() -> None:
-    result = tp.check_data_parallel(TPRecipe("missing_grad_reduction"), world_size=2, steps=1, timeout=120)
+    result = tp.check_data_parallel(TensorParallelMLP("missing_grad_reduction"), world_size=2, steps=1, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.rank, first.cause) == ("gradients.embed.weight", 1, "tp_partial_not_reduced")

@@ -43,6 +43,7 @@ import charlm  # noqa: E402
 import cnn  # noqa: E402
 import fsdp_gpt  # noqa: E402
 import stateful_loader  # noqa: E402
+import tp_mlp  # noqa: E402
 
 torch.set_num_threads(1)
 # Faulted recipes step the scheduler out of order on purpose; torch warns about it.
@@ -138,6 +139,11 @@ def sharded(fault: str | None = None) -> Callable[[], tp.Result]:
     """The FSDP2 tiny GPT on 2 ranks against one process."""
     return lambda: tp.check_data_parallel(fsdp_gpt.TinyGPT(dropout=0.0, fault=fault), world_size=2, steps=3,
                                           timeout=120.0)
+
+
+def tensor_parallel(fault: str | None = None) -> Callable[[], tp.Result]:
+    """The tensor-parallel MLP on 2 ranks against one process."""
+    return lambda: tp.check_data_parallel(tp_mlp.TensorParallelMLP(fault), world_size=2, steps=2, timeout=120.0)
 
 
 def restored(path: str) -> Expect:
@@ -253,6 +259,14 @@ CASES = [
     Case("parallel", "fsdp_gpt", "clean (2 ranks vs 1)", "FSDP2 on 2 ranks against one process", sharded()),
     Case("parallel", "fsdp_gpt", "root_not_sharded", "embeddings, final norm and head left outside fully_shard",
          sharded("root_not_sharded"), Expect("gradients.tokens.weight", "grads_not_synchronized")),
+    Case("parallel", "tp_mlp", "clean", "column- then row-parallel projections on 2 ranks against one process",
+         tensor_parallel()),
+    Case("parallel", "tp_mlp", "missing_reduction", "the row-parallel output declared Partial, never all-reduced",
+         tensor_parallel("missing_reduction"), Expect("outputs.model.down", "tp_partial_not_reduced")),
+    Case("parallel", "tp_mlp", "missing_grad_reduction", "the column-parallel input's gradient not all-reduced",
+         tensor_parallel("missing_grad_reduction"), Expect("gradients.embed.weight", "tp_partial_not_reduced")),
+    Case("parallel", "tp_mlp", "rank_seeded_shuffle", "each rank shuffles with its own seed: other batches",
+         tensor_parallel("rank_seeded_shuffle"), Expect("data.sample_ids", "rank_shard_overlap")),
 ]
 
 
