@@ -388,7 +388,9 @@ def document(rows: list[Row], total: float) -> str:
         *environment(),
         "",
         "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, judged in "
-        "float64 (the default `precision`) with its fixed tolerance.",
+        "float64 (the default `precision`) with its fixed tolerance. Parallel checks on gloo ranks: resume "
+        "`steps=6, resume_at=3, world_size=2` (exact on the same world size, float64 with its tolerance across "
+        "a change), data parallel `world_size=2` in float64.",
         "",
     ]
     for surface in SURFACES:
