@@ -29,6 +29,7 @@ class TestTinyGPT(tp.TestCase):
         self.assertEqual(result.outcome, tp.Outcome.FAIL, result.report())
         first = result.violations[0]
         self.assertRegex(first.path, r"^rng\.torch\[rank [01]\]$")
+        self.assertEqual(first.rank, int(first.path[-2]))  # the rank the path names
         self.assertEqual((first.cause, first.step), ("not_restored", 4))
 
     def test_the_loader_position_of_rank_0_on_one_rank_replays_samples(self) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from trainparity._compare import EXACT, Snapshot, compare_leaves
 from trainparity._sample_ids import SampleIds
@@ -55,14 +55,10 @@ def path_rank(path: str) -> int | None:
     return _split(path)[1]
 
 
-def _state_snapshots(ranks: Sequence[RunTrace]) -> Iterator[list[Snapshot]]:
-    """Per observation point (each step, the save, the load), the State snapshots of all ranks."""
-    for index in range(len(ranks[0].steps)):
-        yield [trace.steps[index].state for trace in ranks]
-    for boundary in ("saved", "loaded"):
-        boundaries = [getattr(trace, boundary) for trace in ranks]
-        if all(isinstance(b, Boundary) for b in boundaries):
-            yield [b.state for b in boundaries]
+def _points(trace: RunTrace) -> list[tuple[Snapshot, Snapshot]]:
+    """(State, RNG streams) at each point a trace observed: every step, then the save and the load."""
+    points = [(record.state, record.rng) for record in trace.steps]
+    return points + [(b.state, b.rng) for b in (trace.saved, trace.loaded) if b is not None]
 
 
 def replicated_paths(runs: Sequence[Sequence[RunTrace]]) -> frozenset[str]:
@@ -71,7 +67,9 @@ def replicated_paths(runs: Sequence[Sequence[RunTrace]]) -> frozenset[str]:
     local: set[str] = set()
     for ranks in runs:
         own = {entry for trace in ranks for entry in trace.rank_local}
-        for snapshots in _state_snapshots(ranks):
+        # the ranks of one run observe the same points
+        for point in zip(*(_points(trace) for trace in ranks), strict=True):
+            snapshots = [state for state, _ in point]
             first = snapshots[0]
             for snapshot in snapshots:
                 seen.update(snapshot)
@@ -131,16 +129,6 @@ def merge_ranks(ranks: Sequence[RunTrace], replicated: frozenset[str], unordered
                     _merge_boundary([t.saved for t in ranks], replicated), unobserved, ranks[0].rank_local)
 
 
-def _all_snapshots(traces: Sequence[RunTrace]) -> Iterator[tuple[Snapshot, Snapshot]]:
-    """(State, RNG) of every step and boundary of the traces."""
-    for trace in traces:
-        for record in trace.steps:
-            yield record.state, record.rng
-        for boundary in (trace.saved, trace.loaded):
-            if boundary is not None:
-                yield boundary.state, boundary.rng
-
-
 @dataclasses.dataclass(frozen=True)
 class SetAside:
     """What a world-size change leaves uncompared."""
@@ -158,11 +146,12 @@ def align(traces: Sequence[RunTrace], replicated: frozenset[str], common_ranks: 
     value in every other trace. With `common_ranks` (the world size changes), rank-local State
     paths are dropped, and so are the RNG streams of ranks at or beyond `common_ranks`.
     """
-    diverged = {path for state, _ in _all_snapshots(traces) for path in state
+    points = [point for trace in traces for point in _points(trace)]
+    diverged = {path for state, _ in points for path in state
                 if _split(path)[1] is not None and _split(path)[0] in replicated}
     local: set[str] = set()
     extra_rng: set[int] = set()
-    for state, rng in _all_snapshots(traces):
+    for state, rng in points:
         for path in diverged - state.keys():
             own = _split(path)[0]
             if own in state:

@@ -150,7 +150,7 @@ def check_resume(
                 result.notes.append(hint)
             return result
         interrupted, baseline, resumed, repeat = traces
-        result = _ranked(judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config))
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
         result.notes.extend(runs.notes)
         wanted = values_wanted(result, baseline, resumed, resume_at)
         if wanted is None:
@@ -169,16 +169,9 @@ def check_resume(
             return again, None if failed is None else failed.error
 
         notes = fetch_values(wanted, (baseline, interrupted, resumed), resume_at, rerun)
-        result = _ranked(judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config))
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
         result.notes.extend(runs.notes + notes)
         return result
-
-
-def _ranked(result: ResumeResult) -> ResumeResult:
-    """The result with each violation at a rank's own path (`path[rank r]`) carrying that rank."""
-    result.violations[:] = [dataclasses.replace(v, rank=path_rank(v.path)) if path_rank(v.path) is not None else v
-                            for v in result.violations]
-    return result
 
 
 class _Run(NamedTuple):
@@ -346,6 +339,7 @@ def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, pref
         expected=mismatch.expected,
         actual=mismatch.actual,
         cause=cause,
+        rank=path_rank(mismatch.path),  # a run of several ranks names a rank's own values `path[rank r]`
     )
 
 
