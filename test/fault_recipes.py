@@ -214,7 +214,7 @@ class CorruptsItsTrace(Faulty):
         self.kind = kind
 
     def setup(self) -> tp.State:
-        from trainparity import _trace
+        from trainparity._resume import _trace
 
         nested: list[Any] = []
         for _ in range(100_000):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import time
 
-from trainparity._tree import JOB_MARKER
+from trainparity._process._tree import JOB_MARKER
 
 
 def running(pid: int) -> bool:

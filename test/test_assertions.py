@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import trainparity as tp
-from trainparity import _session
+from trainparity._process import _session
 
 HERE = pathlib.Path(__file__).parent
 FAILING = {0: [[0, 1]], 1: [[1, 2]]}  # sample 1 twice, sample 3 never

@@ -21,8 +21,8 @@ __import__(sys.argv[2])
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("trainparity"))))
 """
 #: what coverage may not import: the recipe, its traces and snapshots, and what they stand on
-FORBIDDEN = {"trainparity._recipe", "trainparity._trace", "trainparity._snapshot", "trainparity._state",
-             "trainparity._compare", "trainparity._engine"}
+FORBIDDEN = {"trainparity._recipe._recipe", "trainparity._resume._trace", "trainparity._state._snapshot",
+             "trainparity._state._entries", "trainparity._state._compare", "trainparity._process._engine"}
 
 
 def imported_by(module: str) -> set[str]:
@@ -36,16 +36,19 @@ def test_coverage_imports_neither_recipe_nor_trace_nor_snapshot() -> None:
     modules = imported_by("trainparity._coverage")
     assert modules & FORBIDDEN == set(), sorted(modules)
     assert {"trainparity._coverage._check", "trainparity._coverage._audit", "trainparity._coverage._policy",
-            "trainparity._coverage._record", "trainparity._sample_ids"} <= modules
+            "trainparity._coverage._record", "trainparity._batches._sample_ids"} <= modules
 
 
 def test_sample_ids_import_no_other_trainparity_module() -> None:
-    assert imported_by("trainparity._sample_ids") == {"trainparity", "trainparity._sample_ids"}
+    assert imported_by("trainparity._batches._sample_ids") == {"trainparity", "trainparity._batches",
+                                                              "trainparity._batches._sample_ids"}
 
 
 def test_the_trace_and_data_parallel_modules_share_the_sample_id_normalisation() -> None:
-    from trainparity import _data_parallel, _sample_ids, _trace
+    from trainparity._batches import _sample_ids
+    from trainparity._parallel import _check as _data_parallel
+    from trainparity._resume import _trace
 
     assert _trace.normalize_sample_ids is _sample_ids.normalize_sample_ids
     assert _data_parallel.normalize_sample_ids is _sample_ids.normalize_sample_ids
-    assert not hasattr(_trace, "sample_id_array")  # one definition, in trainparity._sample_ids
+    assert not hasattr(_trace, "sample_id_array")  # one definition, in trainparity._batches._sample_ids

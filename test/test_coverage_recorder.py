@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
 import trainparity as tp
-from trainparity._engine import Job, run_jobs
+from trainparity._process._engine import Job, run_jobs
 from trainparity.strategies import IndexDataset
 
 WORLD = 2

@@ -21,7 +21,7 @@ from data_parallel_recipes import DDPRecipe, NestedRecipe, UnobservedRecipe
 from process_helpers import still_running
 
 import trainparity as tp
-from trainparity._engine import Job, run_jobs
+from trainparity._process._engine import Job, run_jobs
 
 #: DDP reduces the batch in another order than one process: rounding-level differences are declared acceptable
 TOLERANCE = tp.ToleranceComparison(rtol=1e-4, atol=1e-6)
@@ -162,7 +162,7 @@ All violations (9):
 def _run_recording(monkeypatch: pytest.MonkeyPatch, fault: str, timeout: float) -> tuple[tp.DataParallelResult,
                                                                                          dict[int, int], list[str]]:
     """Run a faulty recipe; return the result, {pid: rank} of every process that ran it, and the scratch dirs."""
-    from trainparity import _data_parallel
+    from trainparity._parallel import _check as _data_parallel
 
     scratch: list[str] = []
     made = _data_parallel.scratch_directory
@@ -282,7 +282,7 @@ def run_example_rank(payload: dict[str, Any], workdir: pathlib.Path) -> dict[str
                             world_size=2)
     result = runpy.run_path(str(EXAMPLE))["main"](same_shard=payload["same_shard"])
     dist.barrier()
-    _KEPT.append(dist.group.WORLD)  # released by the child's os._exit, as in trainparity._world
+    _KEPT.append(dist.group.WORLD)  # released by the child's os._exit, as in trainparity._process._world
     dist.destroy_process_group()
     if result is None:
         return {"outcome": None, "report": None, "kinds": []}
@@ -323,7 +323,7 @@ def test_torchrun_example_under_torchrun() -> None:
 
 
 def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> None:
-    from trainparity._data_parallel import shard_violations
+    from trainparity._parallel._check import shard_violations
 
     assert shard_violations(1, [1, 1, 2], [[1], [1, 2]]) == []
     found = shard_violations(1, [1, 1, 2], [[1], [2, 2]])
@@ -334,7 +334,7 @@ def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> 
 
 
 def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
-    from trainparity._data_parallel import RankStep, RankTrace, judge_data_parallel
+    from trainparity._parallel._check import RankStep, RankTrace, judge_data_parallel
 
     def trace(*steps: list[int | str]) -> RankTrace:
         return RankTrace([RankStep(i, ids, {}, {}, []) for i, ids in enumerate(steps, 1)], 1, [], {})

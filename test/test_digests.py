@@ -9,10 +9,10 @@ import torch
 from wide_recipes import Wide
 
 import trainparity as tp
-from trainparity._compare import DIGESTS_DIFFER
-from trainparity._digest import DIGEST_ABOVE_BYTES, Digest, digest
-from trainparity._recipe import resolve_recipe
-from trainparity._trace import RunTrace, TrainPayload, train_run
+from trainparity._recipe._recipe import resolve_recipe
+from trainparity._resume._trace import RunTrace, TrainPayload, train_run
+from trainparity._state._compare import DIGESTS_DIFFER
+from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
 
 
 def test_equal_bytes_give_equal_digests_whatever_the_layout_and_thread_count() -> None:

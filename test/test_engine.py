@@ -10,7 +10,7 @@ import pytest
 import resume_recipes
 from process_helpers import still_running
 
-from trainparity._engine import Job, JobOutcome, first_error, first_failure, run_jobs
+from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
 
 IDENTITY = "resume_recipes:report_identity"
 
@@ -60,7 +60,7 @@ def test_dependent_job_waits_and_is_abandoned_when_its_dependency_fails() -> Non
 
 
 def test_the_first_failure_in_time_is_the_cause_whatever_the_order_of_the_jobs() -> None:
-    from trainparity._result import ChildError
+    from trainparity._results._result import ChildError
 
     def failed(phase: str, kind: str, at: float) -> JobOutcome:
         return JobOutcome(phase, None, ChildError(kind, phase, "x"), failed_at=at)
@@ -86,7 +86,7 @@ def test_workdirs_are_removed() -> None:
 
 def test_import_starts_no_process_and_loads_hypothesis_only_for_strategies() -> None:
     code = (
-        "import sys, threading, trainparity, trainparity._engine as e; "
+        "import sys, threading, trainparity, trainparity._process._engine as e; "
         "assert not e._SERVER.running(); assert threading.active_count() == 1; "
         "assert 'hypothesis' not in sys.modules; trainparity.strategies.sampler_configs; "
         "assert 'hypothesis' in sys.modules; print('ok')"
@@ -97,7 +97,7 @@ def test_import_starts_no_process_and_loads_hypothesis_only_for_strategies() -> 
 
 def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
     code = (
-        "import os, threading, time, trainparity._engine as e\n"
+        "import os, threading, time, trainparity._process._engine as e\n"
         "threading.Thread(target=e.warm_up, daemon=True).start()\n"
         "while e._SERVER._process is None: time.sleep(0.01)\n"
         "print(e._SERVER._process.pid, flush=True)\n"

@@ -9,8 +9,8 @@ from parallel_recipes import FSDPRecipe, TensorParallelMLP, TwoDimRecipe
 from torch import nn
 
 import trainparity as tp
-from trainparity import _data_parallel
-from trainparity._data_parallel import OutputRecorder
+from trainparity._parallel import _check as _data_parallel
+from trainparity._parallel._check import OutputRecorder
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -44,7 +44,7 @@ def test_a_2x2_mesh_whose_tensor_parallel_peers_read_different_samples_fails() -
 
 
 def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> None:
-    from trainparity._data_parallel import shard_violations
+    from trainparity._parallel._check import shard_violations
 
     batch = [1, 2, 3, 4]
     assert shard_violations(1, batch, [[1, 2], [1, 2], [3, 4], [3, 4]]) == []

@@ -10,10 +10,10 @@ import preflight_recipes as recipes
 import pytest
 
 import trainparity as tp
-from trainparity import _session
 from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._preflight._optimizer_coverage import CoverageTrace
-from trainparity._wire import dump, load
+from trainparity._process import _session
+from trainparity._process._wire import dump, load
 
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:
@@ -270,9 +270,9 @@ def test_mixed_precision_in_a_child_process_keeps_non_finite_values() -> None:
 
 
 def test_traces_survive_the_wire_format(tmp_path: Any) -> None:
-    from trainparity._engine import Job, run_jobs
     from trainparity._preflight._run import PreflightPayload
-    from trainparity._recipe import resolve_recipe
+    from trainparity._process._engine import Job, run_jobs
+    from trainparity._recipe._recipe import resolve_recipe
 
     for task, recipe, decode in [
         ("trainparity._preflight._optimizer_coverage:optimizer_coverage_run", recipes.GPT, CoverageTrace.from_wire),

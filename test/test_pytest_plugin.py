@@ -24,7 +24,7 @@ import pathlib
 
 import torch
 import trainparity as tp
-from trainparity import _session
+from trainparity._process import _session
 
 
 class Regression(tp.Recipe):
@@ -65,7 +65,7 @@ def fork_servers():
             command = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"trainparity._forkserver" in command:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"trainparity._process._forkserver" in command:
             found.append(int(entry))
     return found
 

@@ -1,4 +1,4 @@
-"""Merging the ranks of a run into one trace (trainparity._ranks), and check_resume's world arguments."""
+"""Merging the ranks of a run into one trace (trainparity._resume._ranks), and check_resume's world arguments."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import trainparity as tp
-from trainparity._ranks import align, merge_ranks, replicated_paths
-from trainparity._trace import Boundary, RunTrace, StepRecord
+from trainparity._resume._ranks import align, merge_ranks, replicated_paths
+from trainparity._resume._trace import Boundary, RunTrace, StepRecord
 
 
 def _rank(weight: float, position: int, ids: list[int | str], loss: float, rng: int,
@@ -82,7 +82,7 @@ def test_bad_world_arguments_are_refused_before_anything_runs(arguments: dict[st
 ])
 def test_a_resumed_batch_is_blamed_on_a_sample_it_should_not_hold(actual: list[int | str],
                                                                    expected: tuple[object, ...]) -> None:
-    from trainparity._resume import _data_cause
+    from trainparity._resume._check import _data_cause
 
     baseline = [StepRecord(step, {}, ids, None, {}) for step, ids in enumerate([[0, 1], [2, 3], [1, 3], [4, 5]], 1)]
     assert _data_cause(baseline, 2, actual) == expected

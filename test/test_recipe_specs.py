@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import trainparity as tp
-from trainparity._recipe import RecipeRef, Spec, SpecError, import_attribute, parse_spec, resolve_recipe
+from trainparity._recipe._recipe import RecipeRef, Spec, SpecError, import_attribute, parse_spec, resolve_recipe
 
 HERE = pathlib.Path(__file__).resolve().parent
 RECIPE_SOURCE = '''

@@ -24,8 +24,8 @@ from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueE
 from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
-from trainparity import _engine, _wire
-from trainparity._child import RESULT_FILE
+from trainparity._process import _engine, _wire
+from trainparity._process._child import RESULT_FILE
 
 HERE = pathlib.Path(__file__).resolve().parent
 ISOLATIONS = ("process", "spawn")
@@ -175,7 +175,7 @@ def test_unreadable_result_files_are_corrupt_outcomes(damage: str, tmp_path: pat
     damaged = {"garbage": b"\xff\xfe not the wire format", "empty": b"", "truncated": data[: len(data) // 2],
                "flipped": bytes(b ^ 0xFF for b in data[:40]) + data[40:]}[damage]
     (tmp_path / RESULT_FILE).write_bytes(damaged)
-    job = _engine.Job("trainparity._trace:train_run", None, "baseline", 10.0)
+    job = _engine.Job("trainparity._resume._trace:train_run", None, "baseline", 10.0)
     outcome = _engine._read_outcome(job, tmp_path, 0, 0)
     assert outcome.output is None and outcome.error is not None and outcome.error.kind == "corrupt"
     assert outcome.error.headline().startswith("baseline: its output could not be read")
@@ -260,7 +260,7 @@ def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_file
         import sys
         sys.path.insert(0, {str(HERE)!r})
         import trainparity as tp
-        from trainparity import _engine
+        from trainparity._process import _engine
         from fault_recipes import Faulty
         _engine.warm_up()
         print(_engine._SERVER._process.pid, flush=True)

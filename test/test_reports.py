@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
-from trainparity._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
-from trainparity._report import ascii_text
+from trainparity._results._report import ascii_text
+from trainparity._state._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
 
 
 def test_json_is_deterministic_and_complete() -> None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import trainparity as tp
-from trainparity._compare import EXACT, compare_snapshots
-from trainparity._snapshot import snapshot_rng, snapshot_state
+from trainparity._state._compare import EXACT, compare_snapshots
+from trainparity._state._snapshot import snapshot_rng, snapshot_state
 
 
 class Counter:

@@ -55,7 +55,7 @@ def test_mistakes_are_reported(tmp_path: pathlib.Path) -> None:
     done = mypy(str(tmp_path / "mistakes.py"))
     lines = [line.split(": ", 1)[1] for line in done.stdout.splitlines()]
     expected = [
-        'error: Argument 1 of "step" is incompatible with supertype "trainparity._recipe.Recipe"; supertype '
+        'error: Argument 1 of "step" is incompatible with supertype "trainparity._recipe._recipe.Recipe"; supertype '
         'defines the argument type as "State"  [override]',
         'error: Unexpected keyword argument "stepz"; did you mean "steps"?  [call-arg]',
         'error: Unexpected keyword argument "stepz" for "assert_resume_equivalent"; did you mean "steps"?  '
@@ -68,7 +68,7 @@ def test_mistakes_are_reported(tmp_path: pathlib.Path) -> None:
         "note: Revealed type is \"def (*, min_dataset_size: int =, max_dataset_size: int =, max_world_size: int =, "
         "min_epochs: int =, max_epochs: int =, max_workers: int =, drop_last: bool | None =, shuffle: bool | None "
         "=) -> hypothesis.strategies._internal.strategies.SearchStrategy[trainparity.strategies.SamplerConfig]\"",
-        'note: Revealed type is "trainparity._result.DataParallelResult"',
+        'note: Revealed type is "trainparity._results._result.DataParallelResult"',
     ]
     for line in expected:
         assert line in lines, done.stdout

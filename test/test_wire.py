@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainparity import _wire as wire
+from trainparity._process import _wire as wire
 
 
 def test_round_trip(tmp_path: pathlib.Path) -> None:

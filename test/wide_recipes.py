@@ -1,4 +1,4 @@
-"""A recipe with tensors large enough to travel as digests (`trainparity._digest.DIGEST_ABOVE_BYTES`)."""
+"""A recipe with tensors large enough to travel as digests (`trainparity._state._digest.DIGEST_ABOVE_BYTES`)."""
 
 from __future__ import annotations
 

@@ -359,9 +359,9 @@ def bench_wire(args: argparse.Namespace) -> None:
 
     import torch
 
-    from trainparity import _wire
-    from trainparity._recipe import resolve_recipe
-    from trainparity._trace import TrainPayload, train_run
+    from trainparity._process import _wire
+    from trainparity._recipe._recipe import resolve_recipe
+    from trainparity._resume._trace import TrainPayload, train_run
     from trainparity.quickstarts.resume import Regression
 
     def median_seconds(action: Callable[[], object]) -> float:

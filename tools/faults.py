@@ -48,7 +48,7 @@ import process_helpers  # noqa: E402
 from process_helpers import still_running  # noqa: E402
 
 import trainparity as tp  # noqa: E402
-from trainparity import _engine  # noqa: E402
+from trainparity._process import _engine  # noqa: E402
 
 #: long enough for a spawned interpreter to import torch and reach the phase under load
 TIMEOUTS = {"process": 5.0, "spawn": 15.0}

@@ -18,7 +18,7 @@ from trainparity._assertions import (
     assert_resume_script_equivalent,
     assert_runs_equivalent,
 )
-from trainparity._compare import ExactComparison, ToleranceComparison
+from trainparity._batches._split import split_batch
 from trainparity._coverage import (
     AtLeastOnce,
     CoverageRecorder,
@@ -30,10 +30,10 @@ from trainparity._coverage import (
     check_coverage,
     tag_workers,
 )
-from trainparity._data_parallel import check_data_parallel
+from trainparity._parallel._check import check_data_parallel
 from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
-from trainparity._recipe import LossAccounting, Recipe
-from trainparity._result import (
+from trainparity._recipe._recipe import LossAccounting, Recipe
+from trainparity._results._result import (
     AccumulationResult,
     ChildError,
     CoverageResult,
@@ -44,13 +44,13 @@ from trainparity._result import (
     ResumeResult,
     RunsResult,
 )
-from trainparity._resume import check_resume
+from trainparity._results._violation import Outcome, Violation
+from trainparity._resume._check import check_resume
 from trainparity._script import check_resume_script, check_runs_equivalent
-from trainparity._split import split_batch
-from trainparity._state import State, load_state, save_state
+from trainparity._state._compare import ExactComparison, ToleranceComparison
+from trainparity._state._entries import State, load_state, save_state
 from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
-from trainparity._violation import Outcome, Violation
 
 __all__ = [
     "AccumulationResult",

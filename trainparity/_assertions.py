@@ -21,13 +21,13 @@ from typing import Any, Literal, NoReturn, TypeAlias, TypeVar
 
 from trainparity._accumulation import check_accumulation
 from trainparity._accumulation._run import SplitFunction
-from trainparity._compare import Comparison
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
-from trainparity._data_parallel import check_data_parallel
+from trainparity._parallel._check import check_data_parallel
 from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
-from trainparity._recipe import RecipeSpec
-from trainparity._result import (
+from trainparity._process._session import Isolation, Precision
+from trainparity._recipe._recipe import RecipeSpec
+from trainparity._results._result import (
     AccumulationResult,
     ChildError,
     CoverageResult,
@@ -38,10 +38,10 @@ from trainparity._result import (
     ResumeResult,
     RunsResult,
 )
-from trainparity._resume import check_resume
+from trainparity._results._violation import Outcome
+from trainparity._resume._check import check_resume
 from trainparity._script import Command, check_resume_script, check_runs_equivalent
-from trainparity._session import Isolation, Precision
-from trainparity._violation import Outcome
+from trainparity._state._compare import Comparison
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
 # pytest frames that set `__tracebackhide__`.

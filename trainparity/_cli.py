@@ -17,9 +17,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from trainparity._compare import ToleranceComparison
-from trainparity._recipe import Spec, SpecError, load_spec, parse_spec
-from trainparity._result import (
+from trainparity._recipe._recipe import Spec, SpecError, load_spec, parse_spec
+from trainparity._results._result import (
     AccumulationResult,
     ChildError,
     CoverageResult,
@@ -29,8 +28,9 @@ from trainparity._result import (
     Result,
     ResumeResult,
 )
+from trainparity._results._violation import Outcome
+from trainparity._state._compare import ToleranceComparison
 from trainparity._version import __version__
-from trainparity._violation import Outcome
 
 EXIT_CODES = {Outcome.PASS: 0, Outcome.FAIL: 1, Outcome.ABSTAIN: 2, Outcome.ERROR: 3}
 USAGE_ERROR = 4
@@ -59,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[str, Any]) -> Result:
     """The ERROR result for the user's code raising in this process (importing a module, calling a function)."""
-    from trainparity._child import error_record
+    from trainparity._process._child import error_record
 
     return cls.errored(ChildError.raised(error_record(error), phase), config)
 
@@ -94,7 +94,7 @@ def _tolerance(args: argparse.Namespace) -> ToleranceComparison | None:
 
 
 def _run_resume(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
-    from trainparity._resume import check_resume
+    from trainparity._resume._check import check_resume
 
     return check_resume(spec.text, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
                         seed=args.seed, isolation=args.isolation, timeout=args.timeout, world_size=args.world_size,
@@ -122,7 +122,7 @@ def _run_accumulation(args: argparse.Namespace, spec: Spec, _recipe: object) -> 
 
 
 def _run_data_parallel(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
-    from trainparity._data_parallel import check_data_parallel
+    from trainparity._parallel._check import check_data_parallel
 
     return check_data_parallel(spec.text, world_size=args.world_size, backend=args.backend, steps=args.steps,
                                comparison=_tolerance(args), seed=args.seed, precision=args.precision,

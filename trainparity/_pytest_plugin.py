@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from trainparity import _session
-from trainparity._result import Result
+from trainparity._process import _session
+from trainparity._results._result import Result
+from trainparity._results._violation import Outcome
 from trainparity._version import __version__
-from trainparity._violation import Outcome
 
 #: where an xdist worker leaves its counts for the controller
 WORKER_OUTPUT_KEY = "trainparity_checks"
@@ -111,6 +111,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _session.remove_listener(tally.record)
         config.pluginmanager.unregister(tally, _TALLY)
     _session.set_defaults(_session.BUILTIN)
-    engine = sys.modules.get("trainparity._engine")
+    engine = sys.modules.get("trainparity._process._engine")
     if engine is not None:  # each process (an xdist worker too) stops its own fork server; nothing stays running
         engine.shutdown()

@@ -33,7 +33,7 @@ from trainparity._coverage import (
     NoCrossRankOverlap,
     tag_workers,
 )
-from trainparity._recipe import set_sampler_epoch
+from trainparity._recipe._recipe import set_sampler_epoch
 
 __all__ = [
     "ORDER_MIN_SAMPLES",

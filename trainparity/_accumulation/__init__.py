@@ -20,22 +20,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from trainparity import _session
 from trainparity._accumulation._judge import judge_accumulation
 from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
-from trainparity._compare import Comparison, resolve_comparison
-from trainparity._engine import Job, first_error, run_jobs
-from trainparity._precision import (
+from trainparity._batches._split import validate_microbatches
+from trainparity._process import _session
+from trainparity._process._engine import Job, first_error, run_jobs
+from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, import_attribute, resolve_recipe
+from trainparity._results._result import AccumulationResult
+from trainparity._results._violation import JsonValue, json_safe
+from trainparity._state._compare import Comparison, resolve_comparison
+from trainparity._state._entries import validate_seed
+from trainparity._state._precision import (
     describe_comparison,
     dtype_error_hint,
     effective_comparison,
 )
-from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, import_attribute, resolve_recipe
-from trainparity._result import AccumulationResult
-from trainparity._split import validate_microbatches
-from trainparity._state import validate_seed
-from trainparity._violation import JsonValue, json_safe
 
 __all__ = ["check_accumulation"]
 

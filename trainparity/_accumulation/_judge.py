@@ -28,7 +28,10 @@ from trainparity._accumulation._diagnoses import (
     relative,
 )
 from trainparity._accumulation._trace import AccumulationTrace, Window
-from trainparity._compare import (
+from trainparity._observe._observer import StepEvent
+from trainparity._results._result import AccumulationResult
+from trainparity._results._violation import JsonValue, Outcome, Violation, format_number
+from trainparity._state._compare import (
     EXACT,
     Comparison,
     Mismatch,
@@ -36,9 +39,6 @@ from trainparity._compare import (
     compare_leaves,
     compare_snapshots,
 )
-from trainparity._observe import StepEvent
-from trainparity._result import AccumulationResult
-from trainparity._violation import JsonValue, Outcome, Violation, format_number
 
 #: causes that explain the gradients (or the losses) of a window: at one step only one of them is claimed
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainparity._compare import Snapshot
-from trainparity._observe import CallRecord, Clip, Dropout, ScalerStep, StepEvent
+from trainparity._observe._observer import CallRecord, Clip, Dropout, ScalerStep, StepEvent
+from trainparity._state._compare import Snapshot
 
 
 def _call_to_wire(call: CallRecord) -> dict[str, Any]:

@@ -6,7 +6,7 @@
 - `_check`: `tp.check_coverage`: collects the observations and turns the findings into a result;
 - `_audit`: judges every policy over the observations as numpy arrays.
 
-The package needs numpy, torch, the sample-ID normalisation (`trainparity._sample_ids`) and the
+The package needs numpy, torch, the sample-ID normalisation (`trainparity._batches._sample_ids`) and the
 result types; it does not import the recipe, trace or snapshot machinery.
 """
 

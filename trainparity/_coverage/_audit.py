@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from trainparity._batches._sample_ids import IdArray
 from trainparity._coverage._universe import Universe
-from trainparity._sample_ids import IdArray
 
 #: violation kinds in the order the audit reports ties (same observation, or end of a window)
 KINDS = (

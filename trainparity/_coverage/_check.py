@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from trainparity import _session
+from trainparity._batches._sample_ids import IdArray
 from trainparity._coverage._audit import (
     CROSS_RANK,
     KINDS,
@@ -44,9 +44,9 @@ from trainparity._coverage._policy import (
 )
 from trainparity._coverage._record import CoverageRecorder
 from trainparity._coverage._universe import Universe
-from trainparity._result import CoverageResult
-from trainparity._sample_ids import IdArray
-from trainparity._violation import JsonValue, Outcome, Violation
+from trainparity._process import _session
+from trainparity._results._result import CoverageResult
+from trainparity._results._violation import JsonValue, Outcome, Violation
 
 #: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
 DEFAULT_MAX_VIOLATIONS = 1_000_000

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainparity._batches._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
-from trainparity._result import ChildError, CoverageResult
-from trainparity._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
-from trainparity._violation import JsonValue
+from trainparity._results._result import ChildError, CoverageResult
+from trainparity._results._violation import JsonValue
 
 Window = tuple[int, Mapping[int, Any]]
 #: the bytes of one int64 ID
@@ -47,7 +47,7 @@ class UserCodeFailed(Exception):
     def result(self, config: dict[str, JsonValue]) -> CoverageResult:
         # Imported here: the child's error records stand on the report and comparison modules, which the
         # coverage package does not otherwise need (test/test_coverage_imports.py).
-        from trainparity._child import error_record
+        from trainparity._process._child import error_record
 
         error = ChildError.raised(error_record(self.error), self.phase, self.rank)
         release_frames(self.error)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from trainparity._sample_ids import IdArray, batch_id_array
+from trainparity._batches._sample_ids import IdArray, batch_id_array
 
 
 class WorkerBatch(NamedTuple):

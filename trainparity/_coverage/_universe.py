@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._sample_ids import IdArray, sample_id_array
+from trainparity._batches._sample_ids import IdArray, sample_id_array
 
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table

@@ -30,8 +30,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainparity import _session
-from trainparity._compare import (
+from trainparity._batches._sample_ids import SampleIds, normalize_sample_ids
+from trainparity._coverage import ExactlyOnce, check_coverage
+from trainparity._observe._observer import HookSet, Observer
+from trainparity._process import _session
+from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
+from trainparity._process._world import World, join, leave, validate_backend, world_isolation
+from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, resolve_recipe
+from trainparity._results._result import ChildError, DataParallelResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._resume._trace import next_batch, require_state
+from trainparity._state._compare import (
     Comparison,
     ExactComparison,
     Leaf,
@@ -42,11 +51,9 @@ from trainparity._compare import (
     compare_snapshots,
     resolve_comparison,
 )
-from trainparity._coverage import ExactlyOnce, check_coverage
-from trainparity._digest import gathered
-from trainparity._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
-from trainparity._observe import HookSet, Observer
-from trainparity._precision import (
+from trainparity._state._digest import gathered
+from trainparity._state._entries import seed_everything, validate_seed
+from trainparity._state._precision import (
     cast_batch,
     convert_state,
     describe_comparison,
@@ -54,16 +61,9 @@ from trainparity._precision import (
     effective_comparison,
     running_in,
 )
-from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, resolve_recipe
-from trainparity._result import ChildError, DataParallelResult
-from trainparity._sample_ids import SampleIds, normalize_sample_ids
-from trainparity._snapshot import to_leaf
-from trainparity._state import seed_everything, validate_seed
-from trainparity._trace import next_batch, require_state
-from trainparity._violation import Outcome, Violation
-from trainparity._world import World, join, leave, validate_backend, world_isolation
+from trainparity._state._snapshot import to_leaf
 
-TASK = "trainparity._data_parallel:run_rank"
+TASK = "trainparity._parallel._check:run_rank"
 REFERENCE = "reference"
 #: a diagnosis names a likely cause, never the verdict: "world_size times the reference" allows for the
 #: rounding of a different reduction order whatever comparison was declared

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from trainparity import _session
-from trainparity._observe import CallRecord, Clip, Observer, ScalerStep, StepEvent
+from trainparity._observe._observer import CallRecord, Clip, Observer, ScalerStep, StepEvent
 from trainparity._preflight._run import (
     Preflight,
     PreflightPayload,
@@ -28,10 +27,11 @@ from trainparity._preflight._run import (
     once_per_path,
     steps_text,
 )
-from trainparity._recipe import RecipeSpec
-from trainparity._result import MixedPrecisionResult
-from trainparity._state import state_objects
-from trainparity._violation import Outcome, Violation, json_safe
+from trainparity._process import _session
+from trainparity._recipe._recipe import RecipeSpec
+from trainparity._results._result import MixedPrecisionResult
+from trainparity._results._violation import Outcome, Violation, json_safe
+from trainparity._state._entries import state_objects
 
 __all__ = ["check_mixed_precision"]
 

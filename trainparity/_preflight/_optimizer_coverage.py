@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainparity import _session
 from trainparity._preflight._run import (
     Preflight,
     PreflightPayload,
@@ -28,10 +27,11 @@ from trainparity._preflight._run import (
     once_per_path,
     steps_text,
 )
-from trainparity._recipe import RecipeSpec
-from trainparity._result import OptimizerCoverageResult
-from trainparity._state import State, parameter_names, state_objects, unwrap_module
-from trainparity._violation import Outcome, Violation
+from trainparity._process import _session
+from trainparity._recipe._recipe import RecipeSpec
+from trainparity._results._result import OptimizerCoverageResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 
 __all__ = ["check_optimizer_coverage"]
 

@@ -16,13 +16,13 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainparity import _session
-from trainparity._engine import Job, JobOutcome, run_jobs
-from trainparity._observe import OBSERVATION_LOCK, CallRecord, Observer
-from trainparity._recipe import Recipe, RecipeRef, RecipeSpec, batch_iterator, resolve_recipe
-from trainparity._state import seed_everything, validate_seed
-from trainparity._trace import loss_value, next_batch, require_state
-from trainparity._violation import JsonValue, Violation
+from trainparity._observe._observer import OBSERVATION_LOCK, CallRecord, Observer
+from trainparity._process import _session
+from trainparity._process._engine import Job, JobOutcome, run_jobs
+from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, batch_iterator, resolve_recipe
+from trainparity._results._violation import JsonValue, Violation
+from trainparity._resume._trace import loss_value, next_batch, require_state
+from trainparity._state._entries import seed_everything, validate_seed
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
 Used by both launchers of the process engine: the warmed fork server forks and calls
 `run_request` with the request it received through its pipe; `isolation="spawn"` starts
-`python -c "from trainparity._child import main; main()"` and writes the request to its stdin.
+`python -c "from trainparity._process._child import main; main()"` and writes the request to its stdin.
 Either way the request (which holds the parent's environment) never rests on disk.
 
 Every child writes faulthandler's stacks to `STACKS_FILE` when it crashes on a fatal signal
@@ -27,8 +27,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from trainparity import _wire as wire
-from trainparity._tree import JOB_MARKER
+from trainparity._process import _wire as wire
+from trainparity._process._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
 ERROR_FILE = "error.bin"
@@ -64,7 +64,8 @@ def load_task(reference: str) -> Callable[[Any, pathlib.Path], dict[str, Any]]:
     return task
 
 
-_PACKAGE = pathlib.Path(__file__).resolve().parent
+#: the trainparity package, whose private modules hold the engine's own frames
+_PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 
 
 def engine_frame(filename: str) -> bool:

@@ -4,7 +4,7 @@ Written once, used by every check that needs processes. Three isolations:
 
 - "process": a child forked from the warmed fork server (`_forkserver.py`): a new PID and
   fresh imports of the user's modules, without paying torch's import in every child;
-- "spawn": a completely fresh interpreter (`python -m trainparity._child`);
+- "spawn": a completely fresh interpreter (`python -m trainparity._process._child`);
 - "inprocess": the task runs in this process (fast, no isolation; for debugging).
 
 The engine owns each child's whole life: it sends the request through a pipe (the parent's
@@ -40,8 +40,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from trainparity import _wire as wire
-from trainparity._child import (
+from trainparity._process import _wire as wire
+from trainparity._process._child import (
     ERROR_FILE,
     JOB_DIRECTORY,
     RAISED_EXIT,
@@ -52,9 +52,9 @@ from trainparity._child import (
     error_record,
     load_task,
 )
-from trainparity._result import ChildError
-from trainparity._session import refuse_processes_while_importing
-from trainparity._tree import JOB_MARKER, kill_tree
+from trainparity._process._session import refuse_processes_while_importing
+from trainparity._process._tree import JOB_MARKER, kill_tree
+from trainparity._results._result import ChildError
 
 ISOLATIONS = ("process", "spawn", "inprocess")
 #: seconds to wait for the fork server to import torch and warm up
@@ -162,8 +162,9 @@ class ForkServer:
     def ensure_running(self) -> None:
         if self.running():
             return
-        package_root = str(pathlib.Path(__file__).resolve().parent.parent)
-        code = f"import sys; sys.path.insert(0, {package_root!r}); from trainparity._forkserver import serve; serve()"
+        package_root = str(pathlib.Path(__file__).resolve().parents[2])
+        code = (f"import sys; sys.path.insert(0, {package_root!r}); "
+                "from trainparity._process._forkserver import serve; serve()")
         self._owner = os.getpid()
         self._buffer = b""
         self._live = set()
@@ -242,7 +243,7 @@ class Spawner:
 
     def start(self, job: str, request: bytes) -> None:
         popen = subprocess.Popen(
-            [sys.executable, "-c", "from trainparity._child import main; main()"],
+            [sys.executable, "-c", "from trainparity._process._child import main; main()"],
             stdin=subprocess.PIPE,
             start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), JOB_MARKER: job},

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from trainparity._tree import kill_tree
+from trainparity._process._tree import kill_tree
 
 #: prctl option making this process the reaper of its descendants' orphans (linux/prctl.h)
 PR_SET_CHILD_SUBREAPER = 36
@@ -41,8 +41,9 @@ def warm_up() -> None:
     import numpy as np
     import torch
 
-    from trainparity import _child, _snapshot, _wire  # noqa: F401 - imported to be warm in children
-    from trainparity._state import capture_rng, restore_rng
+    from trainparity._process import _child, _wire  # noqa: F401 - imported to be warm in children
+    from trainparity._state import _snapshot  # noqa: F401 - imported to be warm in children
+    from trainparity._state._entries import capture_rng, restore_rng
 
     streams = capture_rng()
     python_state, numpy_state = random.getstate(), np.random.get_state()
@@ -59,7 +60,7 @@ def warm_up() -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
     buffer.seek(0)
     torch.load(buffer, weights_only=True)
-    for module in ("trainparity._resume", "trainparity._accumulation", "trainparity._data_parallel"):
+    for module in ("trainparity._resume._check", "trainparity._accumulation", "trainparity._parallel._check"):
         try:
             __import__(module)
         except ImportError:
@@ -82,7 +83,7 @@ def run_child(job: str, request: bytes, protocol_fds: tuple[int, int]) -> None:
         for fd in (devnull, *protocol_fds):
             if fd > 2:
                 os.close(fd)
-        from trainparity._child import run_request
+        from trainparity._process._child import run_request
 
         code = run_request(request)
     except BaseException:  # noqa: BLE001 - a child must never fall back into the server loop

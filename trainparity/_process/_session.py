@@ -16,7 +16,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Literal, ParamSpec, TypeAlias, TypeVar, cast
 
-from trainparity._result import Result
+from trainparity._results._result import Result
 
 Isolation: TypeAlias = Literal["process", "spawn", "inprocess"]
 Precision: TypeAlias = Literal["float64", "native"]
@@ -55,7 +55,7 @@ def defaults() -> Defaults:
 def isolation(explicit: object, own_default: Isolation, *, runs: tuple[Isolation, ...] = ISOLATIONS) -> Isolation:
     """The isolation a check runs under, validated: the argument, else the session's default when it is one
     the check `runs`, else the check's own default."""
-    from trainparity._engine import validate_isolation  # not at import: coverage stands without the engine
+    from trainparity._process._engine import validate_isolation  # not at import: coverage stands without the engine
 
     chosen = explicit
     if chosen is None:
@@ -66,14 +66,14 @@ def isolation(explicit: object, own_default: Isolation, *, runs: tuple[Isolation
 
 def timeout(explicit: object) -> float:
     """The timeout a check runs under, validated: the argument, else the session's default."""
-    from trainparity._engine import validate_timeout
+    from trainparity._process._engine import validate_timeout
 
     return validate_timeout(_defaults.timeout if explicit is None else explicit)
 
 
 def precision(explicit: object) -> Precision:
     """The precision a check runs in, validated: the argument, else the session's default."""
-    from trainparity._precision import validate_precision
+    from trainparity._state._precision import validate_precision
 
     return cast(Precision, validate_precision(_defaults.precision if explicit is None else explicit))
 

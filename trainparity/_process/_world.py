@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainparity import _session
-from trainparity._session import Isolation
+from trainparity._process import _session
+from trainparity._process._session import Isolation
 
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:

@@ -23,8 +23,8 @@ from typing import Any, Generic, Self, TypeAlias
 import torch
 from typing_extensions import TypeVar
 
-from trainparity import _session
-from trainparity._state import State, load_state, save_state
+from trainparity._process import _session
+from trainparity._state._entries import State, load_state, save_state
 
 
 @dataclasses.dataclass(frozen=True)

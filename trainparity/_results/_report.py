@@ -13,11 +13,11 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from trainparity._results._violation import JsonValue, Outcome, Violation, format_number, json_safe
 from trainparity._version import __version__
-from trainparity._violation import JsonValue, Outcome, Violation, format_number, json_safe
 
 if TYPE_CHECKING:
-    from trainparity._result import Result
+    from trainparity._results._result import Result
 
 SCHEMA_VERSION = 1
 #: how many violations the text report lists before summarizing the rest

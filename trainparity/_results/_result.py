@@ -6,8 +6,8 @@ import dataclasses
 from collections import Counter
 from typing import Any, ClassVar, NoReturn, Self
 
-from trainparity._report import brief_location, render_json, render_text
-from trainparity._violation import JsonValue, Outcome, Violation
+from trainparity._results._report import brief_location, render_json, render_text
+from trainparity._results._violation import JsonValue, Outcome, Violation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,8 +16,15 @@ from typing import Any, NamedTuple
 
 import torch
 
-from trainparity import _session
-from trainparity._compare import (
+from trainparity._process import _session
+from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
+from trainparity._process._world import World, validate_backend, world_isolation
+from trainparity._recipe._recipe import Recipe, RecipeSpec, resolve_recipe
+from trainparity._results._result import ChildError, ResumeResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._resume._ranks import align, merge_ranks, own_path, path_rank, replicated_paths
+from trainparity._resume._trace import RunTrace, StepRecord, TrainPayload, Whole, diff_steps
+from trainparity._state._compare import (
     EXACT,
     Comparison,
     ExactComparison,
@@ -26,19 +33,12 @@ from trainparity._compare import (
     compare_snapshots,
     resolve_comparison,
 )
-from trainparity._digest import Digest, digest
-from trainparity._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
-from trainparity._precision import describe_comparison, dtype_error_hint, effective_comparison
-from trainparity._ranks import align, merge_ranks, own_path, path_rank, replicated_paths
-from trainparity._recipe import Recipe, RecipeSpec, resolve_recipe
-from trainparity._result import ChildError, ResumeResult
-from trainparity._snapshot import state_entry
-from trainparity._state import validate_seed
-from trainparity._trace import RunTrace, StepRecord, TrainPayload, Whole, diff_steps
-from trainparity._violation import Outcome, Violation
-from trainparity._world import World, validate_backend, world_isolation
+from trainparity._state._digest import Digest, digest
+from trainparity._state._entries import validate_seed
+from trainparity._state._precision import describe_comparison, dtype_error_hint, effective_comparison
+from trainparity._state._snapshot import state_entry
 
-TASK = "trainparity._trace:train_run"
+TASK = "trainparity._resume._trace:train_run"
 
 
 def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
@@ -196,7 +196,7 @@ class _Runs:
     worlds: tuple[int, int]
     #: what the merge of ranks set aside, said once in the result
     notes: list[str] = dataclasses.field(default_factory=list)
-    #: the replicated State paths (`trainparity._ranks`), fixed by the check's first runs
+    #: the replicated State paths (`trainparity._resume._ranks`), fixed by the check's first runs
     replicated: frozenset[str] | None = None
     #: worlds started so far: each meets at a store file of its own (a finished world's file lives on)
     started: int = 0

@@ -27,10 +27,10 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from trainparity._compare import EXACT, Snapshot, compare_leaves
-from trainparity._sample_ids import SampleIds
-from trainparity._snapshot import state_entry
-from trainparity._trace import Boundary, RunTrace, StepRecord
+from trainparity._batches._sample_ids import SampleIds
+from trainparity._resume._trace import Boundary, RunTrace, StepRecord
+from trainparity._state._compare import EXACT, Snapshot, compare_leaves
+from trainparity._state._snapshot import state_entry
 
 _AT_RANK = re.compile(r"^(.*)\[rank (\d+)\]$")
 

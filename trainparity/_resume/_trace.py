@@ -16,14 +16,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from trainparity._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
-from trainparity._digest import Digest, is_wire_digest
-from trainparity._precision import cast_batch, convert_state, running_in
-from trainparity._recipe import LossAccounting, Recipe, RecipeRef
-from trainparity._sample_ids import SampleIds, normalize_sample_ids
-from trainparity._snapshot import Digesting, snapshot_rng, snapshot_state
-from trainparity._state import State, seed_everything, unobserved_entries
-from trainparity._world import World, join, leave
+from trainparity._batches._sample_ids import SampleIds, normalize_sample_ids
+from trainparity._process._world import World, join, leave
+from trainparity._recipe._recipe import LossAccounting, Recipe, RecipeRef
+from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
+from trainparity._state._digest import Digest, is_wire_digest
+from trainparity._state._entries import State, seed_everything, unobserved_entries
+from trainparity._state._precision import cast_batch, convert_state, running_in
+from trainparity._state._snapshot import Digesting, snapshot_rng, snapshot_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +178,7 @@ class TrainPayload:
     whole: Whole = ()
     #: this process's rank in a world of ranks, which it joins before the recipe's first line
     world: World | None = None
-    #: "float64": the run trains in float64 (`trainparity._precision`); "native": in the recipe's dtypes
+    #: "float64": the run trains in float64 (`trainparity._state._precision`); "native": in the recipe's dtypes
     precision: str = "native"
 
     def digesting(self, step: int) -> Digesting | None:

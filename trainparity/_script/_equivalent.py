@@ -19,15 +19,15 @@ from typing import Any
 
 import torch
 
-from trainparity import _session
 from trainparity._accumulation._diagnoses import close, norm
-from trainparity._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
-from trainparity._engine import run_jobs, scratch_directory, validate_timeout
-from trainparity._result import RunsResult
+from trainparity._process import _session
+from trainparity._process._engine import run_jobs, scratch_directory, validate_timeout
+from trainparity._results._result import RunsResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._resume._trace import RunTrace, StepRecord
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
-from trainparity._trace import RunTrace, StepRecord
-from trainparity._violation import Outcome, Violation
+from trainparity._state._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
 
 GRADIENTS = "gradients."
 

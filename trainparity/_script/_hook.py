@@ -41,13 +41,13 @@ import torch.optim.lr_scheduler
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from trainparity import _wire as wire
-from trainparity._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
-from trainparity._observe import creates_state
-from trainparity._sample_ids import normalize_sample_ids
-from trainparity._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
-from trainparity._state import State, parameter_names
-from trainparity._trace import Boundary, RunTrace, StepRecord
+from trainparity._batches._sample_ids import normalize_sample_ids
+from trainparity._observe._observer import creates_state
+from trainparity._process import _wire as wire
+from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
+from trainparity._resume._trace import Boundary, RunTrace, StepRecord
+from trainparity._state._entries import State, parameter_names
+from trainparity._state._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
 
 #: the environment variable holding the run's `ScriptRun` as JSON
 ENVIRONMENT = "TRAINPARITY_SCRIPT"
@@ -108,7 +108,7 @@ class Recorder:
         self.saved: Boundary | None = None
         #: the script's asynchronous saves (DCP `async_save` futures), waited for before the exit
         self.pending: list[Any] = []
-        #: an optimizer whose `step()` only creates its state (see `trainparity._observe.creates_state`)
+        #: an optimizer whose `step()` only creates its state (see `trainparity._observe._observer.creates_state`)
         self.creating_state: torch.optim.Optimizer | None = None
         self.finished = False
 

@@ -16,14 +16,14 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainparity import _session
-from trainparity._compare import Comparison, compare_snapshots, resolve_comparison
-from trainparity._engine import run_jobs, scratch_directory, validate_timeout
-from trainparity._result import ChildError, ResumeResult
-from trainparity._resume import fetch_values, judge_resume, values_wanted
+from trainparity._process import _session
+from trainparity._process._engine import run_jobs, scratch_directory, validate_timeout
+from trainparity._results._result import ChildError, ResumeResult
+from trainparity._resume._check import fetch_values, judge_resume, values_wanted
+from trainparity._resume._trace import RunTrace, Whole
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
-from trainparity._trace import RunTrace, Whole
+from trainparity._state._compare import Comparison, compare_snapshots, resolve_comparison
 
 
 def _validate(steps: object, resume_at: object) -> tuple[int, int]:

@@ -10,10 +10,10 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainparity._engine import Job, JobOutcome, first_error
-from trainparity._result import ChildError
+from trainparity._process._engine import Job, JobOutcome, first_error
+from trainparity._results._result import ChildError
+from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
-from trainparity._trace import RunTrace
 
 SITE = pathlib.Path(__file__).resolve().parent / "site"
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent

@@ -15,8 +15,8 @@ from typing import Any, TypeAlias
 
 import torch
 
-from trainparity._digest import Digest, digest
-from trainparity._violation import JsonValue, format_number, json_safe
+from trainparity._results._violation import JsonValue, format_number, json_safe
+from trainparity._state._digest import Digest, digest
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None

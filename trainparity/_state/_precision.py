@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainparity._compare import EXACT, Comparison, ToleranceComparison
-from trainparity._split import map_leaves
-from trainparity._state import State, state_objects
+from trainparity._batches._split import map_leaves
+from trainparity._state._compare import EXACT, Comparison, ToleranceComparison
+from trainparity._state._entries import State, state_objects
 
 PRECISIONS = ("float64", "native")
 #: The comparison of float64 mode when none is declared. float64 rounding of a training step is about

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._compare import Leaf, Snapshot
-from trainparity._digest import DIGEST_ABOVE_BYTES, digest, digestible, gathered
-from trainparity._state import State, capture_rng, entry_components, parameter_names
+from trainparity._state._compare import Leaf, Snapshot
+from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest, digestible, gathered
+from trainparity._state._entries import State, capture_rng, entry_components, parameter_names
 
 
 @dataclasses.dataclass(frozen=True)
