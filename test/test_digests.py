@@ -9,7 +9,7 @@ import torch
 from wide_recipes import Wide
 
 import trainparity as tp
-from trainparity._recipe._recipe import resolve_recipe
+from trainparity._recipe._reference import resolve_recipe
 from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 from trainparity._state._compare import DIGESTS_DIFFER
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest

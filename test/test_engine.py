@@ -86,8 +86,8 @@ def test_workdirs_are_removed() -> None:
 
 def test_import_starts_no_process_and_loads_hypothesis_only_for_strategies() -> None:
     code = (
-        "import sys, threading, trainparity, trainparity._process._engine as e; "
-        "assert not e._SERVER.running(); assert threading.active_count() == 1; "
+        "import sys, threading, trainparity, trainparity._process._launchers as e; "
+        "assert not e.SERVER.running(); assert threading.active_count() == 1; "
         "assert 'hypothesis' not in sys.modules; trainparity.strategies.sampler_configs; "
         "assert 'hypothesis' in sys.modules; print('ok')"
     )
@@ -97,10 +97,10 @@ def test_import_starts_no_process_and_loads_hypothesis_only_for_strategies() -> 
 
 def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
     code = (
-        "import os, threading, time, trainparity._process._engine as e\n"
+        "import os, threading, time, trainparity._process._launchers as e\n"
         "threading.Thread(target=e.warm_up, daemon=True).start()\n"
-        "while e._SERVER._process is None: time.sleep(0.01)\n"
-        "print(e._SERVER._process.pid, flush=True)\n"
+        "while e.SERVER._process is None: time.sleep(0.01)\n"
+        "print(e.SERVER._process.pid, flush=True)\n"
         "os._exit(1)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -272,7 +272,7 @@ def test_mixed_precision_in_a_child_process_keeps_non_finite_values() -> None:
 def test_traces_survive_the_wire_format(tmp_path: Any) -> None:
     from trainparity._preflight._run import PreflightPayload
     from trainparity._process._engine import Job, run_jobs
-    from trainparity._recipe._recipe import resolve_recipe
+    from trainparity._recipe._reference import resolve_recipe
 
     for task, recipe, decode in [
         ("trainparity._preflight._optimizer_coverage:optimizer_coverage_run", recipes.GPT, CoverageTrace.from_wire),

@@ -12,7 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 import trainparity as tp
-from trainparity._recipe._recipe import RecipeRef, Spec, SpecError, import_attribute, parse_spec, resolve_recipe
+from trainparity._recipe._modules import import_attribute
+from trainparity._recipe._reference import RecipeRef, resolve_recipe
+from trainparity._recipe._spec import Spec, SpecError, parse_spec
 
 HERE = pathlib.Path(__file__).resolve().parent
 RECIPE_SOURCE = '''

@@ -24,7 +24,7 @@ from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueE
 from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
-from trainparity._process import _engine, _wire
+from trainparity._process import _engine, _launchers, _wire
 from trainparity._process._child import RESULT_FILE
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -37,7 +37,7 @@ def resume(recipe: tp.Recipe, isolation: str = "process", timeout: float = 60) -
 
 def server_children() -> list[int]:
     """The live children of this process's fork server."""
-    server = _engine._SERVER._process
+    server = _launchers.SERVER._process
     if server is None:
         return []
     children = []
@@ -63,7 +63,7 @@ def pid_dir(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
 
 def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathlib.Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    _engine.warm_up()
+    _launchers.warm_up()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the checks' temporary directories go
 
     def interrupt(signum: int, frame: object) -> None:
@@ -90,8 +90,8 @@ def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathli
     assert resume(Faulty()).outcome is tp.Outcome.PASS
 
 
-@pytest.mark.parametrize("guard", ["_signals_deferred", "_sigterm_cleans_up"])
-def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: str,
+@pytest.mark.parametrize("guard", [(_launchers, "signals_deferred"), (_engine, "_sigterm_cleans_up")])
+def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: tuple[object, str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A Python signal handler runs as soon as a call returns: a Ctrl-C pending as the engine holds
     SIGINT/SIGTERM (or installs its SIGTERM handler) raises right after the change. The change must
@@ -112,7 +112,7 @@ def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: str,
 
     monkeypatch.setattr(signal, "pthread_sigmask", mask_then_interrupt)
     monkeypatch.setattr(signal, "signal", handler_then_interrupt)
-    with pytest.raises(KeyboardInterrupt), getattr(_engine, guard)():
+    with pytest.raises(KeyboardInterrupt), getattr(*guard)():
         pass
     monkeypatch.undo()
     assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == set()
@@ -260,10 +260,10 @@ def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_file
         import sys
         sys.path.insert(0, {str(HERE)!r})
         import trainparity as tp
-        from trainparity._process import _engine
+        from trainparity._process import _launchers
         from fault_recipes import Faulty
-        _engine.warm_up()
-        print(_engine._SERVER._process.pid, flush=True)
+        _launchers.warm_up()
+        print(_launchers.SERVER._process.pid, flush=True)
         tp.check_resume(Faulty("grandchild_hangs", pid_dir={str(pids)!r}), steps=4, resume_at=2, timeout=120)
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,

@@ -241,7 +241,7 @@ class PlainUnittestMixinTest(tp.TrainParityMixin, unittest.TestCase):
 def test_numpy_losses_are_accepted() -> None:
     import numpy as np
 
-    from trainparity._resume._trace import loss_value
+    from trainparity._recipe._recipe import loss_value
 
     assert loss_value(np.float32(0.5), "here") == 0.5
     assert loss_value(np.int64(2), "here") == 2.0

@@ -360,7 +360,7 @@ def bench_wire(args: argparse.Namespace) -> None:
     import torch
 
     from trainparity._process import _wire
-    from trainparity._recipe._recipe import resolve_recipe
+    from trainparity._recipe._reference import resolve_recipe
     from trainparity._resume._trace import TrainPayload, train_run
     from trainparity.quickstarts.resume import Regression
 

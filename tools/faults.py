@@ -48,7 +48,7 @@ import process_helpers  # noqa: E402
 from process_helpers import still_running  # noqa: E402
 
 import trainparity as tp  # noqa: E402
-from trainparity._process import _engine  # noqa: E402
+from trainparity._process import _launchers  # noqa: E402
 
 #: long enough for a spawned interpreter to import torch and reach the phase under load
 TIMEOUTS = {"process": 5.0, "spawn": 15.0}
@@ -189,7 +189,7 @@ def _coverage(fault: str) -> Callable[[str], tp.Result]:
 
 def interrupts(count: int) -> Iterator[Row]:
     """SIGINT (as KeyboardInterrupt) at moments spread over the first 50 ms of a check that hangs."""
-    _engine.warm_up()
+    _launchers.warm_up()
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

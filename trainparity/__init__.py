@@ -47,8 +47,9 @@ from trainparity._results._result import (
 from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._check import check_resume
 from trainparity._script import check_resume_script, check_runs_equivalent
+from trainparity._state._checkpoint import load_state, save_state
 from trainparity._state._compare import ExactComparison, ToleranceComparison
-from trainparity._state._entries import State, load_state, save_state
+from trainparity._state._entries import State
 from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
 

@@ -25,8 +25,9 @@ from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
 from trainparity._parallel._check import check_data_parallel
 from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
-from trainparity._process._session import Isolation, Precision
-from trainparity._recipe._recipe import RecipeSpec
+from trainparity._process._options import Isolation
+from trainparity._process._session import Precision
+from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import (
     AccumulationResult,
     ChildError,

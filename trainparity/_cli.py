@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from trainparity._recipe._recipe import Spec, SpecError, load_spec, parse_spec
+from trainparity._recipe._spec import Spec, SpecError, load_spec, parse_spec
 from trainparity._results._result import (
     AccumulationResult,
     ChildError,

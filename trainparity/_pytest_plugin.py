@@ -111,6 +111,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _session.remove_listener(tally.record)
         config.pluginmanager.unregister(tally, _TALLY)
     _session.set_defaults(_session.BUILTIN)
-    engine = sys.modules.get("trainparity._process._engine")
-    if engine is not None:  # each process (an xdist worker too) stops its own fork server; nothing stays running
-        engine.shutdown()
+    launchers = sys.modules.get("trainparity._process._launchers")
+    if launchers is not None:  # each process (an xdist worker too) stops its own fork server; nothing stays running
+        launchers.shutdown()

@@ -26,16 +26,19 @@ from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
 from trainparity._process import _session
 from trainparity._process._engine import Job, first_error, run_jobs
-from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, import_attribute, resolve_recipe
+from trainparity._process._options import Isolation
+from trainparity._recipe._modules import import_attribute
+from trainparity._recipe._recipe import Recipe
+from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._result import AccumulationResult
 from trainparity._results._violation import JsonValue, json_safe
 from trainparity._state._compare import Comparison, resolve_comparison
-from trainparity._state._entries import validate_seed
 from trainparity._state._precision import (
     describe_comparison,
     dtype_error_hint,
     effective_comparison,
 )
+from trainparity._state._rng import validate_seed
 
 __all__ = ["check_accumulation"]
 
@@ -100,7 +103,7 @@ def check_accumulation(
     precision: _session.Precision | None = None,
     disable_dropout: bool = True,
     batch_dependent: Literal["fail", "eval"] = "fail",
-    isolation: _session.Isolation | None = None,
+    isolation: Isolation | None = None,
     timeout: float | None = None,
 ) -> AccumulationResult:
     """Check that the recipe's accumulation over micro-batches matches one full-batch step.

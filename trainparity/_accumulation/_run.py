@@ -17,11 +17,13 @@ import torch
 from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._batches._split import Microbatches, batch_size, leaves, split_batch
 from trainparity._observe._observer import OBSERVATION_LOCK, CallRecord, Observer
-from trainparity._recipe._recipe import LossAccounting, Recipe, RecipeRef, batch_iterator, import_attribute
-from trainparity._resume._trace import loss_value, next_batch, require_state
+from trainparity._recipe._modules import import_attribute
+from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
+from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import Snapshot
-from trainparity._state._entries import optimizer_named_state_dict, seed_everything
+from trainparity._state._entries import optimizer_named_state_dict
 from trainparity._state._precision import cast_batch, convert_state, require_float64, running_in
+from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state, to_leaf
 
 SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]

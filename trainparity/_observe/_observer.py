@@ -41,7 +41,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from trainparity._state._digest import gathered
-from trainparity._state._entries import State, parameter_names, rng_fingerprint, state_objects, unwrap_module
+from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
+from trainparity._state._rng import rng_fingerprint
 
 #: the clipping functions users call, by the name reports use
 CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {

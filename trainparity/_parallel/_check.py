@@ -35,11 +35,12 @@ from trainparity._coverage import ExactlyOnce, check_coverage
 from trainparity._observe._observer import HookSet, Observer
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
+from trainparity._process._options import Isolation
 from trainparity._process._world import World, join, leave, validate_backend, world_isolation
-from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, resolve_recipe
+from trainparity._recipe._recipe import Recipe, next_batch, require_state
+from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._result import ChildError, DataParallelResult
 from trainparity._results._violation import Outcome, Violation
-from trainparity._resume._trace import next_batch, require_state
 from trainparity._state._compare import (
     Comparison,
     ExactComparison,
@@ -52,7 +53,6 @@ from trainparity._state._compare import (
     resolve_comparison,
 )
 from trainparity._state._digest import gathered
-from trainparity._state._entries import seed_everything, validate_seed
 from trainparity._state._precision import (
     cast_batch,
     convert_state,
@@ -61,6 +61,7 @@ from trainparity._state._precision import (
     effective_comparison,
     running_in,
 )
+from trainparity._state._rng import seed_everything, validate_seed
 from trainparity._state._snapshot import to_leaf
 
 TASK = "trainparity._parallel._check:run_rank"
@@ -301,7 +302,7 @@ def check_data_parallel(
     seed: int = 0,
     precision: _session.Precision | None = None,
     timeout: float | None = None,
-    isolation: _session.Isolation | None = None,
+    isolation: Isolation | None = None,
 ) -> DataParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
 

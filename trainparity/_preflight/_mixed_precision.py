@@ -28,7 +28,8 @@ from trainparity._preflight._run import (
     steps_text,
 )
 from trainparity._process import _session
-from trainparity._recipe._recipe import RecipeSpec
+from trainparity._process._options import Isolation
+from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import MixedPrecisionResult
 from trainparity._results._violation import Outcome, Violation, json_safe
 from trainparity._state._entries import state_objects
@@ -294,7 +295,7 @@ def check_mixed_precision(
     steps: int = 4,
     max_skipped_steps: int | None = None,
     seed: int = 0,
-    isolation: _session.Isolation | None = None,
+    isolation: Isolation | None = None,
     timeout: float | None = None,
 ) -> MixedPrecisionResult:
     """Check the recipe's mixed-precision loop: the GradScaler's contract and non-finite values.

@@ -28,7 +28,8 @@ from trainparity._preflight._run import (
     steps_text,
 )
 from trainparity._process import _session
-from trainparity._recipe._recipe import RecipeSpec
+from trainparity._process._options import Isolation
+from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import OptimizerCoverageResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
@@ -295,7 +296,7 @@ def check_optimizer_coverage(
     *,
     steps: int = 1,
     seed: int = 0,
-    isolation: _session.Isolation | None = None,
+    isolation: Isolation | None = None,
     timeout: float | None = None,
 ) -> OptimizerCoverageResult:
     """Check that every trainable parameter of the recipe's State is in exactly one optimizer group.

@@ -19,10 +19,10 @@ import torch
 from trainparity._observe._observer import OBSERVATION_LOCK, CallRecord, Observer
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, run_jobs
-from trainparity._recipe._recipe import Recipe, RecipeRef, RecipeSpec, batch_iterator, resolve_recipe
+from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next_batch, require_state
+from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._violation import JsonValue, Violation
-from trainparity._resume._trace import loss_value, next_batch, require_state
-from trainparity._state._entries import seed_everything, validate_seed
+from trainparity._state._rng import seed_everything, validate_seed
 
 T = TypeVar("T")
 

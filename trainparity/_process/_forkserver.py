@@ -43,7 +43,7 @@ def warm_up() -> None:
 
     from trainparity._process import _child, _wire  # noqa: F401 - imported to be warm in children
     from trainparity._state import _snapshot  # noqa: F401 - imported to be warm in children
-    from trainparity._state._entries import capture_rng, restore_rng
+    from trainparity._state._rng import capture_rng, restore_rng
 
     streams = capture_rng()
     python_state, numpy_state = random.getstate(), np.random.get_state()

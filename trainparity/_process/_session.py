@@ -16,11 +16,10 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Literal, ParamSpec, TypeAlias, TypeVar, cast
 
+from trainparity._process._options import ISOLATIONS, Isolation, validate_isolation, validate_timeout
 from trainparity._results._result import Result
 
-Isolation: TypeAlias = Literal["process", "spawn", "inprocess"]
 Precision: TypeAlias = Literal["float64", "native"]
-ISOLATIONS: tuple[Isolation, ...] = ("process", "spawn", "inprocess")
 
 P = ParamSpec("P")
 R = TypeVar("R", bound=Result)
@@ -55,8 +54,6 @@ def defaults() -> Defaults:
 def isolation(explicit: object, own_default: Isolation, *, runs: tuple[Isolation, ...] = ISOLATIONS) -> Isolation:
     """The isolation a check runs under, validated: the argument, else the session's default when it is one
     the check `runs`, else the check's own default."""
-    from trainparity._process._engine import validate_isolation  # not at import: coverage stands without the engine
-
     chosen = explicit
     if chosen is None:
         session = _defaults.isolation
@@ -66,8 +63,6 @@ def isolation(explicit: object, own_default: Isolation, *, runs: tuple[Isolation
 
 def timeout(explicit: object) -> float:
     """The timeout a check runs under, validated: the argument, else the session's default."""
-    from trainparity._process._engine import validate_timeout
-
     return validate_timeout(_defaults.timeout if explicit is None else explicit)
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from trainparity._process import _session
-from trainparity._process._session import Isolation
+from trainparity._process._options import Isolation
 
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:

@@ -18,8 +18,10 @@ import torch
 
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
+from trainparity._process._options import Isolation
 from trainparity._process._world import World, validate_backend, world_isolation
-from trainparity._recipe._recipe import Recipe, RecipeSpec, resolve_recipe
+from trainparity._recipe._recipe import Recipe
+from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import ChildError, ResumeResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._ranks import align, merge_ranks, own_path, path_rank, replicated_paths
@@ -34,8 +36,8 @@ from trainparity._state._compare import (
     resolve_comparison,
 )
 from trainparity._state._digest import Digest, digest
-from trainparity._state._entries import validate_seed
 from trainparity._state._precision import describe_comparison, dtype_error_hint, effective_comparison
+from trainparity._state._rng import validate_seed
 from trainparity._state._snapshot import state_entry
 
 TASK = "trainparity._resume._trace:train_run"
@@ -71,7 +73,7 @@ def check_resume(
     resume_at: int | None = None,
     comparison: Comparison | None = None,
     seed: int = 0,
-    isolation: _session.Isolation | None = None,
+    isolation: Isolation | None = None,
     timeout: float | None = None,
     world_size: int = 1,
     resume_world_size: int | None = None,
@@ -189,7 +191,7 @@ class _Runs:
     """Launches the check's runs: single processes, or worlds of ranks merged into one trace each."""
 
     timeout: float
-    isolation: _session.Isolation
+    isolation: Isolation
     backend: str
     scratch: str
     #: the ranks of the runs and of the resumed run; (0, 0): single processes, no process group

@@ -12,17 +12,17 @@ import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-import torch
 from torch.utils.data import DataLoader, Sampler
 
 from trainparity._batches._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._process._world import World, join, leave
-from trainparity._recipe._recipe import LossAccounting, Recipe, RecipeRef
+from trainparity._recipe._recipe import Recipe, loss_value, next_batch, require_state
+from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
 from trainparity._state._digest import Digest, is_wire_digest
-from trainparity._state._entries import State, seed_everything, unobserved_entries
+from trainparity._state._entries import State, unobserved_entries
 from trainparity._state._precision import cast_batch, convert_state, running_in
+from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import Digesting, snapshot_rng, snapshot_state
 
 
@@ -111,36 +111,6 @@ class RunTrace:
                    boundary(data["loaded"]), boundary(data["saved"]),
                    [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")],
                    [str(entry) for entry in _typed(data["rank_local"], list, "rank_local")])
-
-
-def loss_value(loss: Any, where: str) -> float | None:
-    if isinstance(loss, LossAccounting):
-        loss = loss.value
-    if loss is None:
-        return None
-    if isinstance(loss, torch.Tensor):
-        if loss.numel() != 1:
-            raise TypeError(f"{where}: step() must return a scalar loss, got a tensor of shape {list(loss.shape)}")
-        return float(loss.detach().reshape(()).item())
-    if isinstance(loss, (int, float, np.floating, np.integer)) and not isinstance(loss, bool):
-        return float(loss)
-    raise TypeError(
-        f"{where}: step() must return a loss (tensor or float) or tp.LossAccounting, got {type(loss).__name__}"
-    )
-
-
-def require_state(state: Any, recipe: Recipe, method: str) -> State:
-    if not isinstance(state, State):
-        raise TypeError(f"{type(recipe).__name__}.{method}() must return a tp.State, got {type(state).__name__}")
-    return state
-
-
-def next_batch(batches: Iterator[Any], recipe: Recipe, at: str) -> Any:
-    """The next batch; a recipe whose batches() runs out before the check is done raises, saying where."""
-    try:
-        return next(batches)
-    except StopIteration:
-        raise RuntimeError(f"{type(recipe).__name__}.batches() ran out of batches at {at}") from None
 
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,

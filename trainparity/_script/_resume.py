@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainparity._process import _session
-from trainparity._process._engine import run_jobs, scratch_directory, validate_timeout
+from trainparity._process._engine import run_jobs, scratch_directory
+from trainparity._process._options import validate_timeout
 from trainparity._results._result import ChildError, ResumeResult
 from trainparity._resume._check import fetch_values, judge_resume, values_wanted
 from trainparity._resume._trace import RunTrace, Whole

@@ -1,4 +1,4 @@
-"""`State`, the walk over its entries, the RNG streams, and the reference save/load.
+"""`State` and the one walk over its entries.
 
 One walk serves snapshots (`_snapshot.py`) and the reference checkpoint
 (`save_state`/`load_state`): `entry_components` says, for each State entry, which of its
@@ -8,10 +8,6 @@ tensors, scalars), so that what is saved is exactly what is compared.
 
 from __future__ import annotations
 
-import hashlib
-import pathlib
-import random
-import struct
 from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
@@ -20,8 +16,6 @@ import torch
 from torch import nn
 
 T = TypeVar("T")
-StateT = TypeVar("StateT", bound="State")
-CHECKPOINT_FORMAT = "trainparity.save_state/1"
 SCALARS = (bool, int, float, str, type(None))
 #: attributes of loaders and samplers that hold the data itself (a list is a dataset too)
 DATA_ATTRIBUTES = frozenset({"dataset", "data_source"})
@@ -69,81 +63,6 @@ class State:
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}={type(value).__name__}" for name, value in vars(self).items())
         return f"{type(self).__name__}({inner})"
-
-
-# -- RNG streams -----------------------------------------------------------------------------------
-
-
-#: seeds torch, numpy (modulo 2**32) and Python's random all accept
-SEED_LIMIT = 2**63
-
-
-def validate_seed(seed: object) -> int:
-    """The `seed=` of a check, refused at the call rather than blamed on the recipe in a child."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed= must be an int, got {type(seed).__name__}")
-    if not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed= must be in [0, 2**63), got {seed}")
-    return seed
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every global stream the harness tracks (torch, numpy, python, cuda)."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def rng_fingerprint() -> str:
-    """A digest of the global RNG streams as they are now: equal digests, equal streams.
-
-    Cheaper than `capture_rng` (no conversion), for telling whether something drew between two moments.
-    """
-    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16)
-    numpy_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
-    _, keys, pos, has_gauss, cached = numpy_state
-    digest.update(keys.tobytes())
-    digest.update(repr((pos, has_gauss, cached, random.getstate())).encode())
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        for state in torch.cuda.get_rng_state_all():
-            digest.update(state.numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _float_bits(value: float) -> int:
-    return int(struct.unpack("<q", struct.pack("<d", value))[0])
-
-
-def _bits_float(bits: int) -> float:
-    return float(struct.unpack("<d", struct.pack("<q", bits))[0])
-
-
-def capture_rng() -> dict[str, torch.Tensor]:
-    """The global RNG streams as int64/uint8 tensors (safe for `torch.load(weights_only=True)`)."""
-    streams: dict[str, torch.Tensor] = {"torch": torch.get_rng_state()}
-    numpy_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
-    _, keys, pos, has_gauss, cached = numpy_state
-    streams["numpy"] = torch.tensor([*keys.tolist(), pos, has_gauss, _float_bits(cached)], dtype=torch.int64)
-    version, internal, gauss_next = random.getstate()
-    extra = [0, 0] if gauss_next is None else [1, _float_bits(gauss_next)]
-    streams["python"] = torch.tensor([version, *internal, *extra], dtype=torch.int64)
-    # is_initialized() first: is_available() would initialize the driver, and a process that has
-    # (the fork server) cannot fork children that use CUDA.
-    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        streams["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
-    return streams
-
-
-def restore_rng(streams: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(streams["torch"])
-    values = streams["numpy"].tolist()
-    keys = np.array(values[:624], dtype=np.uint32)
-    np.random.set_state(("MT19937", keys, values[624], values[625], _bits_float(values[626])))
-    values = streams["python"].tolist()
-    gauss = None if values[-2] == 0 else _bits_float(values[-1])
-    random.setstate((values[0], tuple(values[1:-2]), gauss))
-    if "cuda" in streams:
-        torch.cuda.set_rng_state_all(list(streams["cuda"]))
 
 
 # -- the walk over State entries -------------------------------------------------------------------
@@ -306,150 +225,3 @@ def _object_components(path: str, obj: Any, seen: set[int], depth: int) -> Itera
             yield child, value
         elif not isinstance(value, nn.Module):
             yield from _object_components(child, value, seen, depth - 1)
-
-
-# -- the reference checkpoint ----------------------------------------------------------------------
-
-
-def _to_storable(value: Any) -> Any:
-    """Containers of tensors and scalars only, so the file loads with weights_only=True."""
-    if isinstance(value, torch.Generator):
-        return {"__generator_state__": value.get_state()}
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": torch.from_numpy(value.copy()), "dtype": str(value.dtype)}
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, dict):
-        return {k: _to_storable(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return {"__tuple__": [_to_storable(v) for v in value]}
-    if isinstance(value, list):
-        return [_to_storable(v) for v in value]
-    return value
-
-
-def _from_storable(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "__tuple__" in value and len(value) == 1:
-            return tuple(_from_storable(v) for v in value["__tuple__"])
-        if "__ndarray__" in value:
-            return value["__ndarray__"].numpy().astype(value["dtype"])
-        return {k: _from_storable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_storable(v) for v in value]
-    return value
-
-
-def save_state(state: State, path: str | pathlib.Path) -> None:
-    """The reference checkpoint: every State entry and every global RNG stream.
-
-    Stored as plain containers of tensors, so `load_state` reads it with
-    `torch.load(weights_only=True)`.
-    """
-    if not isinstance(state, State):
-        raise TypeError(f"save_state() takes a tp.State, got {type(state).__name__}")
-    names = parameter_names(state)
-    components = {}
-    for name in state:
-        for path_, value in entry_components(name, state[name], names):
-            components[path_] = _to_storable(value)
-    document = {"format": CHECKPOINT_FORMAT, "components": components, "rng": capture_rng()}
-    torch.save(document, pathlib.Path(path))
-
-
-def load_state(state: StateT, path: str | pathlib.Path) -> StateT:
-    """Restore what `save_state` wrote into `state` (in place) and the RNG streams; returns `state`."""
-    if not isinstance(state, State):
-        raise TypeError(f"load_state() takes a tp.State (e.g. the one setup() returns), got {type(state).__name__}")
-    document = torch.load(pathlib.Path(path), weights_only=True)
-    if not isinstance(document, dict) or document.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} was not written by tp.save_state()")
-    components: dict[str, Any] = document["components"]
-    names = parameter_names(state)
-    current = {p: v for name in state for p, v in entry_components(name, state[name], names)}
-    missing = sorted(current.keys() - components.keys())
-    if missing:
-        raise ValueError(f"the checkpoint has no component {missing[0]!r}; was it saved from this recipe?")
-    for path_, saved in components.items():
-        if path_ in current:
-            _restore_component(state, path_, current[path_], _from_storable(saved), names)
-            continue
-        # A module attribute set during training (model.temperature) that a fresh setup() lacks.
-        *parents, attribute = path_.split(".")
-        owner = _resolve(state, parents)
-        if not isinstance(owner, nn.Module):
-            raise ValueError(f"the checkpoint has a component {path_!r} that this State does not have")
-        setattr(owner, attribute, _from_storable(saved))
-    restore_rng(document["rng"])
-    return state
-
-
-def _restore_component(state: State, path: str, current: Any, saved: Any, names: dict[int, str]) -> None:
-    *parents, target_name = path.split(".")
-    owner = _resolve(state, parents)
-    target = _member(owner, target_name)
-    if isinstance(target, torch.optim.Optimizer):
-        _load_named_optimizer_state(target, saved, names)
-    elif has_state_dict(target):
-        target.load_state_dict(saved)
-    elif isinstance(target, torch.Generator):
-        target.set_state(saved["__generator_state__"])
-    elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and target.shape == saved.shape:
-        with torch.no_grad():
-            target.copy_(saved)
-    elif isinstance(owner, list):
-        owner[int(target_name)] = saved
-    elif isinstance(owner, dict):
-        owner[target_name] = saved
-    elif isinstance(owner, (nn.Module, State)) or not plain_equal(current, saved):
-        # Other objects get only what changed: a DataLoader refuses any set of batch_size.
-        setattr(owner, target_name, saved)
-
-
-def _resolve(state: State, names: list[str]) -> Any:
-    owner: Any = state
-    for name in names:
-        owner = _member(owner, name)
-    return owner
-
-
-def _member(owner: Any, name: str) -> Any:
-    if isinstance(owner, (list, tuple)):
-        member = owner[int(name)]
-    elif isinstance(owner, dict):
-        member = owner[name]
-    else:
-        member = getattr(owner, name)
-    return unwrap_module(member) if isinstance(member, nn.Module) else member
-
-
-def plain_equal(a: Any, b: Any) -> bool:
-    """Equality for plain values that also holds for tensors and arrays inside containers."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return bool(np.array_equal(a, b))
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(plain_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(plain_equal(a[k], b[k]) for k in a)
-    return bool(a == b)
-
-
-def _load_named_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], names: dict[int, str]) -> None:
-    """Inverse of `optimizer_named_state_dict`: map names back to this optimizer's positions."""
-    by_name = {}
-    position = 0
-    for group in optimizer.param_groups:
-        for parameter in group["params"]:
-            by_name[names.get(id(parameter), f"param{position}")] = position
-            position += 1
-    state = {by_name[k]: v for k, v in saved["state"].items()}
-    groups = []
-    for group in saved["param_groups"]:
-        group = dict(group)
-        group["params"] = [by_name[n] for n in group["params"].split(",") if n]
-        groups.append(group)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})

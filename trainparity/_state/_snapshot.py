@@ -15,7 +15,8 @@ import torch
 
 from trainparity._state._compare import Leaf, Snapshot
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest, digestible, gathered
-from trainparity._state._entries import State, capture_rng, entry_components, parameter_names
+from trainparity._state._entries import State, entry_components, parameter_names
+from trainparity._state._rng import capture_rng
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,171 @@
+"""The reference checkpoint: `tp.save_state` and `tp.load_state`.
+
+They store and restore exactly the components the State walk yields (`_entries.entry_components`),
+so what the reference checkpoint saves is what the resume check compares, and every global RNG
+stream with them.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainparity._state._entries import (
+    State,
+    entry_components,
+    has_state_dict,
+    parameter_names,
+    unwrap_module,
+)
+from trainparity._state._rng import capture_rng, restore_rng
+
+StateT = TypeVar("StateT", bound=State)
+CHECKPOINT_FORMAT = "trainparity.save_state/1"
+
+
+def _to_storable(value: Any) -> Any:
+    """Containers of tensors and scalars only, so the file loads with weights_only=True."""
+    if isinstance(value, torch.Generator):
+        return {"__generator_state__": value.get_state()}
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": torch.from_numpy(value.copy()), "dtype": str(value.dtype)}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _to_storable(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_to_storable(v) for v in value]}
+    if isinstance(value, list):
+        return [_to_storable(v) for v in value]
+    return value
+
+
+def _from_storable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__tuple__" in value and len(value) == 1:
+            return tuple(_from_storable(v) for v in value["__tuple__"])
+        if "__ndarray__" in value:
+            return value["__ndarray__"].numpy().astype(value["dtype"])
+        return {k: _from_storable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_storable(v) for v in value]
+    return value
+
+
+def save_state(state: State, path: str | pathlib.Path) -> None:
+    """The reference checkpoint: every State entry and every global RNG stream.
+
+    Stored as plain containers of tensors, so `load_state` reads it with
+    `torch.load(weights_only=True)`.
+    """
+    if not isinstance(state, State):
+        raise TypeError(f"save_state() takes a tp.State, got {type(state).__name__}")
+    names = parameter_names(state)
+    components = {}
+    for name in state:
+        for path_, value in entry_components(name, state[name], names):
+            components[path_] = _to_storable(value)
+    document = {"format": CHECKPOINT_FORMAT, "components": components, "rng": capture_rng()}
+    torch.save(document, pathlib.Path(path))
+
+
+def load_state(state: StateT, path: str | pathlib.Path) -> StateT:
+    """Restore what `save_state` wrote into `state` (in place) and the RNG streams; returns `state`."""
+    if not isinstance(state, State):
+        raise TypeError(f"load_state() takes a tp.State (e.g. the one setup() returns), got {type(state).__name__}")
+    document = torch.load(pathlib.Path(path), weights_only=True)
+    if not isinstance(document, dict) or document.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} was not written by tp.save_state()")
+    components: dict[str, Any] = document["components"]
+    names = parameter_names(state)
+    current = {p: v for name in state for p, v in entry_components(name, state[name], names)}
+    missing = sorted(current.keys() - components.keys())
+    if missing:
+        raise ValueError(f"the checkpoint has no component {missing[0]!r}; was it saved from this recipe?")
+    for path_, saved in components.items():
+        if path_ in current:
+            _restore_component(state, path_, current[path_], _from_storable(saved), names)
+            continue
+        # A module attribute set during training (model.temperature) that a fresh setup() lacks.
+        *parents, attribute = path_.split(".")
+        owner = _resolve(state, parents)
+        if not isinstance(owner, nn.Module):
+            raise ValueError(f"the checkpoint has a component {path_!r} that this State does not have")
+        setattr(owner, attribute, _from_storable(saved))
+    restore_rng(document["rng"])
+    return state
+
+
+def _restore_component(state: State, path: str, current: Any, saved: Any, names: dict[int, str]) -> None:
+    *parents, target_name = path.split(".")
+    owner = _resolve(state, parents)
+    target = _member(owner, target_name)
+    if isinstance(target, torch.optim.Optimizer):
+        _load_named_optimizer_state(target, saved, names)
+    elif has_state_dict(target):
+        target.load_state_dict(saved)
+    elif isinstance(target, torch.Generator):
+        target.set_state(saved["__generator_state__"])
+    elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and target.shape == saved.shape:
+        with torch.no_grad():
+            target.copy_(saved)
+    elif isinstance(owner, list):
+        owner[int(target_name)] = saved
+    elif isinstance(owner, dict):
+        owner[target_name] = saved
+    elif isinstance(owner, (nn.Module, State)) or not plain_equal(current, saved):
+        # Other objects get only what changed: a DataLoader refuses any set of batch_size.
+        setattr(owner, target_name, saved)
+
+
+def _resolve(state: State, names: list[str]) -> Any:
+    owner: Any = state
+    for name in names:
+        owner = _member(owner, name)
+    return owner
+
+
+def _member(owner: Any, name: str) -> Any:
+    if isinstance(owner, (list, tuple)):
+        member = owner[int(name)]
+    elif isinstance(owner, dict):
+        member = owner[name]
+    else:
+        member = getattr(owner, name)
+    return unwrap_module(member) if isinstance(member, nn.Module) else member
+
+
+def plain_equal(a: Any, b: Any) -> bool:
+    """Equality for plain values that also holds for tensors and arrays inside containers."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return bool(np.array_equal(a, b))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(plain_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(plain_equal(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _load_named_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], names: dict[int, str]) -> None:
+    """Inverse of `optimizer_named_state_dict`: map names back to this optimizer's positions."""
+    by_name = {}
+    position = 0
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            by_name[names.get(id(parameter), f"param{position}")] = position
+            position += 1
+    state = {by_name[k]: v for k, v in saved["state"].items()}
+    groups = []
+    for group in saved["param_groups"]:
+        group = dict(group)
+        group["params"] = [by_name[n] for n in group["params"].split(",") if n]
+        groups.append(group)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
