@@ -44,11 +44,11 @@ def test_sample_ids_import_no_other_trainparity_module() -> None:
                                                               "trainparity._batches._sample_ids"}
 
 
-def test_the_trace_and_data_parallel_modules_share_the_sample_id_normalisation() -> None:
+def test_the_resume_and_data_parallel_runs_share_the_sample_id_normalisation() -> None:
     from trainparity._batches import _sample_ids
-    from trainparity._parallel import _check as _data_parallel
+    from trainparity._parallel import _rank
     from trainparity._resume import _trace
 
     assert _trace.normalize_sample_ids is _sample_ids.normalize_sample_ids
-    assert _data_parallel.normalize_sample_ids is _sample_ids.normalize_sample_ids
+    assert _rank.normalize_sample_ids is _sample_ids.normalize_sample_ids
     assert not hasattr(_trace, "sample_id_array")  # one definition, in trainparity._batches._sample_ids

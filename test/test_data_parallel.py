@@ -323,7 +323,7 @@ def test_torchrun_example_under_torchrun() -> None:
 
 
 def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> None:
-    from trainparity._parallel._check import shard_violations
+    from trainparity._parallel._shards import shard_violations
 
     assert shard_violations(1, [1, 1, 2], [[1], [1, 2]]) == []
     found = shard_violations(1, [1, 1, 2], [[1], [2, 2]])
@@ -334,7 +334,8 @@ def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> 
 
 
 def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
-    from trainparity._parallel._check import RankStep, RankTrace, judge_data_parallel
+    from trainparity._parallel._judge import judge_data_parallel
+    from trainparity._parallel._trace import RankStep, RankTrace
 
     def trace(*steps: list[int | str]) -> RankTrace:
         return RankTrace([RankStep(i, ids, {}, {}, []) for i, ids in enumerate(steps, 1)], 1, [], {})

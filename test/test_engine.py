@@ -60,7 +60,7 @@ def test_dependent_job_waits_and_is_abandoned_when_its_dependency_fails() -> Non
 
 
 def test_the_first_failure_in_time_is_the_cause_whatever_the_order_of_the_jobs() -> None:
-    from trainparity._results._result import ChildError
+    from trainparity._results._violation import ChildError
 
     def failed(phase: str, kind: str, at: float) -> JobOutcome:
         return JobOutcome(phase, None, ChildError(kind, phase, "x"), failed_at=at)

@@ -9,8 +9,8 @@ from parallel_recipes import FSDPRecipe, TensorParallelMLP, TwoDimRecipe
 from torch import nn
 
 import trainparity as tp
-from trainparity._parallel import _check as _data_parallel
-from trainparity._parallel._check import OutputRecorder
+from trainparity._parallel import _rank
+from trainparity._parallel._rank import OutputRecorder
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -44,7 +44,7 @@ def test_a_2x2_mesh_whose_tensor_parallel_peers_read_different_samples_fails() -
 
 
 def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> None:
-    from trainparity._parallel._check import shard_violations
+    from trainparity._parallel._shards import shard_violations
 
     batch = [1, 2, 3, 4]
     assert shard_violations(1, batch, [[1, 2], [1, 2], [3, 4], [3, 4]]) == []
@@ -117,7 +117,7 @@ def test_outputs_are_recorded_in_the_order_modules_finish_and_hooks_are_removed(
 
 
 def test_large_outputs_are_sampled_and_the_record_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_data_parallel, "OUTPUT_LIMIT", 3)
+    monkeypatch.setattr(_rank, "OUTPUT_LIMIT", 3)
     layer = nn.Identity()
     with OutputRecorder({"layer": layer}) as recorder:
         for _ in range(5):

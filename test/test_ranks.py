@@ -82,7 +82,7 @@ def test_bad_world_arguments_are_refused_before_anything_runs(arguments: dict[st
 ])
 def test_a_resumed_batch_is_blamed_on_a_sample_it_should_not_hold(actual: list[int | str],
                                                                    expected: tuple[object, ...]) -> None:
-    from trainparity._resume._check import _data_cause
+    from trainparity._resume._judge import _data_cause
 
     baseline = [StepRecord(step, {}, ids, None, {}) for step, ids in enumerate([[0, 1], [2, 3], [1, 3], [4, 5]], 1)]
     assert _data_cause(baseline, 2, actual) == expected

@@ -30,12 +30,11 @@ from trainparity._coverage import (
     check_coverage,
     tag_workers,
 )
-from trainparity._parallel._check import check_data_parallel
+from trainparity._parallel import check_data_parallel
 from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
 from trainparity._recipe._recipe import LossAccounting, Recipe
 from trainparity._results._result import (
     AccumulationResult,
-    ChildError,
     CoverageResult,
     DataParallelResult,
     MixedPrecisionResult,
@@ -44,8 +43,8 @@ from trainparity._results._result import (
     ResumeResult,
     RunsResult,
 )
-from trainparity._results._violation import Outcome, Violation
-from trainparity._resume._check import check_resume
+from trainparity._results._violation import ChildError, Outcome, Violation
+from trainparity._resume import check_resume
 from trainparity._script import check_resume_script, check_runs_equivalent
 from trainparity._state._checkpoint import load_state, save_state
 from trainparity._state._compare import ExactComparison, ToleranceComparison

@@ -23,14 +23,13 @@ from trainparity._accumulation import check_accumulation
 from trainparity._accumulation._run import SplitFunction
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
-from trainparity._parallel._check import check_data_parallel
+from trainparity._parallel import check_data_parallel
 from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
 from trainparity._process._options import Isolation
 from trainparity._process._session import Precision
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import (
     AccumulationResult,
-    ChildError,
     CoverageResult,
     DataParallelResult,
     MixedPrecisionResult,
@@ -39,8 +38,8 @@ from trainparity._results._result import (
     ResumeResult,
     RunsResult,
 )
-from trainparity._results._violation import Outcome
-from trainparity._resume._check import check_resume
+from trainparity._results._violation import ChildError, Outcome
+from trainparity._resume import check_resume
 from trainparity._script import Command, check_resume_script, check_runs_equivalent
 from trainparity._state._compare import Comparison
 

@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 from trainparity._recipe._spec import Spec, SpecError, load_spec, parse_spec
 from trainparity._results._result import (
     AccumulationResult,
-    ChildError,
     CoverageResult,
     DataParallelResult,
     MixedPrecisionResult,
@@ -28,7 +27,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
 )
-from trainparity._results._violation import Outcome
+from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
 from trainparity._version import __version__
 
@@ -94,7 +93,7 @@ def _tolerance(args: argparse.Namespace) -> ToleranceComparison | None:
 
 
 def _run_resume(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
-    from trainparity._resume._check import check_resume
+    from trainparity._resume import check_resume
 
     return check_resume(spec.text, steps=args.steps, resume_at=args.resume_at, comparison=_tolerance(args),
                         seed=args.seed, isolation=args.isolation, timeout=args.timeout, world_size=args.world_size,
@@ -122,7 +121,7 @@ def _run_accumulation(args: argparse.Namespace, spec: Spec, _recipe: object) -> 
 
 
 def _run_data_parallel(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
-    from trainparity._parallel._check import check_data_parallel
+    from trainparity._parallel import check_data_parallel
 
     return check_data_parallel(spec.text, world_size=args.world_size, backend=args.backend, steps=args.steps,
                                comparison=_tolerance(args), seed=args.seed, precision=args.precision,

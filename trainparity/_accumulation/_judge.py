@@ -28,7 +28,7 @@ from trainparity._accumulation._diagnoses import (
     relative,
 )
 from trainparity._accumulation._trace import AccumulationTrace, Window
-from trainparity._observe._observer import StepEvent
+from trainparity._observe._records import StepEvent
 from trainparity._results._result import AccumulationResult
 from trainparity._results._violation import JsonValue, Outcome, Violation, format_number
 from trainparity._state._compare import (

@@ -16,7 +16,8 @@ import torch
 
 from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._batches._split import Microbatches, batch_size, leaves, split_batch
-from trainparity._observe._observer import OBSERVATION_LOCK, CallRecord, Observer
+from trainparity._observe._observer import OBSERVATION_LOCK, Observer
+from trainparity._observe._records import CallRecord
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from trainparity._observe._observer import CallRecord, Clip, Dropout, ScalerStep, StepEvent
+from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._compare import Snapshot
 
 

@@ -27,8 +27,8 @@ import torch
 from trainparity._batches._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
-from trainparity._results._result import ChildError, CoverageResult
-from trainparity._results._violation import JsonValue
+from trainparity._results._result import CoverageResult
+from trainparity._results._violation import ChildError, JsonValue
 
 Window = tuple[int, Mapping[int, Any]]
 #: the bytes of one int64 ID

@@ -1,1 +1,7 @@
-"""_observe."""
+"""Observing a recipe's `step()` calls without changing the user's code: the one observer of optimizer steps.
+
+- `_observer`: `Observer`, the hooks and wrappers on one State's objects, undone on exit;
+- `_records`: what it records per call (optimizer steps, clips, scaler steps, dropout);
+- `_hooks`: what every observer shares (`HookSet`, gradient copies, the `creates_state` rule), the
+  scripts' hook included.
+"""

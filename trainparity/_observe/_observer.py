@@ -25,13 +25,11 @@ in-process observation holds a lock: two observed runs never overlap.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Self
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +38,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from trainparity._state._digest import gathered
+from trainparity._observe._hooks import HookSet, creates_state, grad_copy
+from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
 
@@ -66,140 +65,8 @@ OBSERVATION_LOCK = threading.RLock()
 SAMPLE_ELEMENTS = 1 << 20
 
 
-def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:
-    """A detached CPU copy of a gradient (dense), divided by the scale that still multiplies it."""
-    if tensor is None:
-        return None
-    copy = gathered(tensor).detach().to("cpu", copy=True)
-    if copy.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)) compare as dense values
-        copy = copy.to_dense()
-    return copy / scale if scale is not None else copy
-
-
-def creates_state(optimizer: torch.optim.Optimizer) -> bool:
-    """A `step()` that is not training: torch.distributed.checkpoint's `get_state_dict` and
-    `set_state_dict` step an optimizer that has no state yet with zero gradients and a learning
-    rate of 0, to create the state a checkpoint is loaded into. Every observer of optimizer steps
-    (recipes' and scripts') passes over it."""
-    if optimizer.state:
-        return False
-    groups = optimizer.param_groups
-    return all(float(group.get("lr", 0.0)) == 0.0 for group in groups) and all(
-        parameter.grad is None or not bool(parameter.grad.any()) for group in groups for parameter in group["params"])
-
-
 def _float(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
-
-
-@dataclasses.dataclass
-class Clip:
-    """One call of a clipping function."""
-
-    function: str
-    parameters: list[str]
-    #: the gradients it saw were still scaled by an enabled GradScaler (by `scale`)
-    scaled: bool
-    scale: float | None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"function": self.function, "parameters": self.parameters, "scaled": self.scaled, "scale": self.scale}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Clip:
-        return cls(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"])
-
-
-@dataclasses.dataclass
-class StepEvent:
-    """One optimizer step, seen by its pre-hook."""
-
-    call: int
-    grads: dict[str, torch.Tensor | None]
-    #: samples (see `Observer.sample`) of the gradients as they were before the first clip in the same call
-    pre_clip: dict[str, torch.Tensor]
-    lr: list[float]
-    #: the step took gradients an enabled GradScaler still scaled (optimizer.step() instead of scaler.step())
-    scaled: bool
-    scale: float | None
-    #: the global RNG streams' fingerprint at the step
-    rng: str
-    #: the order of this step among all optimizers' steps in the run
-    order: int
-
-
-@dataclasses.dataclass
-class ScalerStep:
-    """One `scaler.step(optimizer)` call of the observed (enabled) GradScaler, for an optimizer of the State."""
-
-    optimizer: str
-    #: the loss scale when it was called
-    scale: float
-    #: the `StepEvent.order` of the optimizer step taken inside it; None when it skipped the step
-    order: int | None = None
-    #: the loss scale after the first `scaler.update()` that followed it in the same call; None without one
-    scale_after: float | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> ScalerStep:
-        return cls(str(data["optimizer"]), float(data["scale"]), data["order"], data["scale_after"])
-
-
-@dataclasses.dataclass
-class CallRecord:
-    """What one `step()` call did, as the hooks saw it, and what it returned."""
-
-    steps: dict[str, int]
-    scheduler_steps: dict[str, int]
-    clips: list[Clip]
-    #: a sample (see `Observer.sample`) of the gradient the call back-propagated, per parameter
-    contribution: dict[str, torch.Tensor]
-    #: the global RNG streams' fingerprints when the call began and ended
-    rng_start: str
-    rng_end: str = ""
-    loss: float | None = None
-    #: whether step() returned tp.LossAccounting; then numerator and denominator are what it declared
-    accounting: bool = False
-    numerator: float | None = None
-    denominator: float | None = None
-    scaler_steps: list[ScalerStep] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass
-class Dropout:
-    """What disabling dropout did in one run."""
-
-    #: module paths whose probability was set to 0
-    modules: list[str] = dataclasses.field(default_factory=list)
-    #: module paths of dropout modules whose probability already was 0
-    inactive: list[str] = dataclasses.field(default_factory=list)
-    #: functional dropouts called with a probability above 0, by name
-    functions: list[str] = dataclasses.field(default_factory=list)
-
-
-class HookSet:
-    """Hooks and patches that `_install` puts in place on entry, each registering its undoing on `_stack`:
-    all removed on exit, and on a failure halfway through installing, exceptions included."""
-
-    def __init__(self) -> None:
-        self._stack = contextlib.ExitStack()
-
-    def _install(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        try:
-            self._install()
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stack.close()
 
 
 class Observer(HookSet):

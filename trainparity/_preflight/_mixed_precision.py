@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from trainparity._observe._observer import CallRecord, Clip, Observer, ScalerStep, StepEvent
+from trainparity._observe._observer import Observer
+from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
 from trainparity._preflight._run import (
     Preflight,
     PreflightPayload,

@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from trainparity._observe._observer import OBSERVATION_LOCK, CallRecord, Observer
+from trainparity._observe._observer import OBSERVATION_LOCK, Observer
+from trainparity._observe._records import CallRecord
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, run_jobs
 from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next_batch, require_state

@@ -50,7 +50,7 @@ from trainparity._process._child import (
 )
 from trainparity._process._launchers import SERVER, SERVER_LOCK, ForkServer, Spawner
 from trainparity._process._session import refuse_processes_while_importing
-from trainparity._results._result import ChildError
+from trainparity._results._violation import ChildError
 
 #: seconds to wait for killed children to be confirmed gone before returning regardless
 KILL_CONFIRM_TIMEOUT = 1.5

@@ -60,7 +60,7 @@ def warm_up() -> None:
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, buffer)
     buffer.seek(0)
     torch.load(buffer, weights_only=True)
-    for module in ("trainparity._resume._check", "trainparity._accumulation", "trainparity._parallel._check"):
+    for module in ("trainparity._resume._check", "trainparity._accumulation", "trainparity._parallel._rank"):
         try:
             __import__(module)
         except ImportError:

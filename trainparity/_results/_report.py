@@ -11,13 +11,29 @@ import json
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import ClassVar, Protocol
 
-from trainparity._results._violation import JsonValue, Outcome, Violation, format_number, json_safe
+from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation, format_number, json_safe
 from trainparity._version import __version__
 
-if TYPE_CHECKING:
-    from trainparity._results._result import Result
+
+class Result(Protocol):
+    """What the report renders of a check's result (`_result.Result`), so that rendering needs no result type."""
+
+    check: ClassVar[str]
+    outcome: Outcome
+    violations: list[Violation]
+    notes: list[str]
+    config: dict[str, JsonValue]
+    reason: str | None
+    error: ChildError | None
+
+    @property
+    def first_violation(self) -> Violation | None: ...
+
+    @property
+    def counts(self) -> dict[str, int]: ...
+
 
 SCHEMA_VERSION = 1
 #: how many violations the text report lists before summarizing the rest

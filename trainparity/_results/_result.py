@@ -4,43 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any, ClassVar, NoReturn, Self
+from typing import ClassVar, NoReturn, Self
 
 from trainparity._results._report import brief_location, render_json, render_text
-from trainparity._results._violation import JsonValue, Outcome, Violation
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildError:
-    """Why a check ended in ERROR: the user's exception, a timeout, or a dead process."""
-
-    #: "raised", "timeout", "died", "corrupt" (its output could not be read), or "abandoned" (killed or
-    #: never started because another run failed)
-    kind: str
-    #: which run of the check failed, e.g. "baseline", "interrupted", "resumed", "rank 1"
-    phase: str
-    message: str
-    exc_type: str | None = None
-    #: the child's traceback text, paths shown relative to the working directory
-    traceback: str | None = None
-    exitcode: int | None = None
-    signal: str | None = None
-    rank: int | None = None
-
-    @classmethod
-    def raised(cls, record: dict[str, Any], phase: str, rank: int | None = None) -> ChildError:
-        """From `_child.error_record`: the recipe's exception as type name, message and traceback."""
-        return cls("raised", phase, record["message"], record["exc_type"], record["traceback"], rank=rank)
-
-    def to_dict(self) -> dict[str, JsonValue]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def headline(self) -> str:
-        if self.kind == "raised":
-            return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
-        if self.kind in ("timeout", "abandoned", "corrupt"):
-            return f"{self.phase}: {self.message}"
-        return f"{self.phase}: the process died ({self.message})"
+from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation
 
 
 @dataclasses.dataclass

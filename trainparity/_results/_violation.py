@@ -1,4 +1,4 @@
-"""Outcomes and violations: the small records a check yields and a report renders.
+"""Outcomes, violations and errors: the small records a check yields and a report renders.
 
 Shaped after torch.testing's mismatch records: small, flat, carrying a dotted path. Everything
 here is JSON-friendly, so that rendering a result as JSON needs no special cases.
@@ -84,3 +84,36 @@ def format_number(value: bool | int | float) -> str:
     if not math.isfinite(value):
         return repr(value)
     return repr(float(f"{value:.6g}"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildError:
+    """Why a check ended in ERROR: the user's exception, a timeout, or a dead process."""
+
+    #: "raised", "timeout", "died", "corrupt" (its output could not be read), or "abandoned" (killed or
+    #: never started because another run failed)
+    kind: str
+    #: which run of the check failed, e.g. "baseline", "interrupted", "resumed", "rank 1"
+    phase: str
+    message: str
+    exc_type: str | None = None
+    #: the child's traceback text, paths shown relative to the working directory
+    traceback: str | None = None
+    exitcode: int | None = None
+    signal: str | None = None
+    rank: int | None = None
+
+    @classmethod
+    def raised(cls, record: dict[str, Any], phase: str, rank: int | None = None) -> ChildError:
+        """From `_child.error_record`: the recipe's exception as type name, message and traceback."""
+        return cls("raised", phase, record["message"], record["exc_type"], record["traceback"], rank=rank)
+
+    def to_dict(self) -> dict[str, JsonValue]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def headline(self) -> str:
+        if self.kind == "raised":
+            return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
+        if self.kind in ("timeout", "abandoned", "corrupt"):
+            return f"{self.phase}: {self.message}"
+        return f"{self.phase}: the process died ({self.message})"

@@ -11,10 +11,7 @@ the baseline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, NamedTuple
-
-import torch
 
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
@@ -22,20 +19,17 @@ from trainparity._process._options import Isolation
 from trainparity._process._world import World, validate_backend, world_isolation
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
-from trainparity._results._result import ChildError, ResumeResult
-from trainparity._results._violation import Outcome, Violation
-from trainparity._resume._ranks import align, merge_ranks, own_path, path_rank, replicated_paths
-from trainparity._resume._trace import RunTrace, StepRecord, TrainPayload, Whole, diff_steps
+from trainparity._results._result import ResumeResult
+from trainparity._results._violation import ChildError
+from trainparity._resume._judge import judge_resume
+from trainparity._resume._ranks import align, merge_ranks, own_path, replicated_paths
+from trainparity._resume._trace import RunTrace, TrainPayload, Whole
+from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._state._compare import (
-    EXACT,
     Comparison,
     ExactComparison,
-    Mismatch,
-    Snapshot,
-    compare_snapshots,
     resolve_comparison,
 )
-from trainparity._state._digest import Digest, digest
 from trainparity._state._precision import describe_comparison, dtype_error_hint, effective_comparison
 from trainparity._state._rng import validate_seed
 from trainparity._state._snapshot import state_entry
@@ -261,201 +255,4 @@ class _Runs:
             self.notes.append(f"RNG streams of rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
                               "not compared: the other world has no such rank.")
         return traces
-
-
-@dataclasses.dataclass(frozen=True)
-class Wanted:
-    """The large tensors whose values the report shows, known so far by their digests only."""
-
-    #: differing at the load (the save/load comparison)
-    boundary: frozenset[str]
-    #: the first step at which training diverged, and its differing tensors
-    step: int
-    at_step: frozenset[str]
-
-
-def values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, resume_at: int) -> Wanted | None:
-    """Which digested tensors the report needs the values of: the save/load mismatches and the first divergence."""
-    assert resumed.loaded is not None
-    boundary = frozenset(v.path for v in result.violations if v.step == resume_at and v.cause == "not_restored"
-                         and isinstance(resumed.loaded.state.get(v.path), Digest))
-    diverged = [v for v in result.violations if v.kind == "state_mismatch" and v.step is not None
-                and v.step > resume_at]
-    step = min((v.step for v in diverged if v.step is not None), default=resume_at)
-    at_step = frozenset(v.path for v in diverged if v.step == step
-                        and isinstance(baseline.steps[step - 1].state.get(v.path), Digest))
-    return Wanted(boundary, step, at_step) if boundary or at_step else None
-
-
-def fetch_values(wanted: Wanted, traces: tuple[RunTrace, RunTrace, RunTrace], resume_at: int,
-                 rerun: Callable[[int, Whole], tuple[list[RunTrace], ChildError | None]]) -> list[str]:
-    """Train again the runs the wanted values come from, keeping those tensors whole; put them in the traces.
-
-    `rerun(last, whole)` runs the baseline to step `last`, the interrupted run and the resumed run to
-    `last` again, shipping `whole` whole. The runs were reproducible (the baseline ran twice alike), so
-    training them again gives the same values: each fetched tensor replaces its digest only if it has
-    that digest. Returns notes.
-    """
-    baseline, interrupted, resumed = traces
-    last = wanted.step if wanted.at_step else resume_at
-    again, error = rerun(last, ((0, wanted.boundary), (wanted.step, wanted.at_step)))
-    if error is not None:
-        return [f"the values of the differing tensors could not be fetched ({error.headline()}): "
-                "their violations say only that their digests differ."]
-    again_baseline, again_interrupted, again_resumed = again
-    pairs = []
-    if wanted.at_step:
-        pairs += [(baseline.steps[wanted.step - 1].state, again_baseline.steps[-1].state, wanted.at_step),
-                  (resumed.steps[wanted.step - resume_at - 1].state, again_resumed.steps[-1].state, wanted.at_step)]
-    if wanted.boundary:
-        assert interrupted.saved is not None and resumed.loaded is not None
-        assert again_interrupted.saved is not None and again_resumed.loaded is not None
-        pairs += [(interrupted.saved.state, again_interrupted.saved.state, wanted.boundary),
-                  (resumed.loaded.state, again_resumed.loaded.state, wanted.boundary)]
-    if all([_replace(known, fetched, paths) for known, fetched, paths in pairs]):
-        return []
-    return ["training again to fetch the values of the differing tensors gave other values than the first "
-            "time, so some violations say only that their digests differ."]
-
-
-def _replace(known: Snapshot, fetched: Snapshot, paths: frozenset[str]) -> bool:
-    """Put the fetched values of `paths` in place of their digests; False if one does not match its digest."""
-    matched = True
-    for path in paths:
-        value, known_digest = fetched.get(path), known.get(path)
-        if not isinstance(known_digest, Digest):
-            continue
-        if isinstance(value, torch.Tensor) and digest(value) == known_digest:
-            known[path] = value
-        else:
-            matched = False
-    return matched
-
-
-def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
-    return Violation(
-        kind=kind,
-        path=mismatch.path,
-        message=f"{preface}\n{mismatch.message}" if preface else mismatch.message,
-        step=step,
-        expected=mismatch.expected,
-        actual=mismatch.actual,
-        cause=cause,
-        rank=path_rank(mismatch.path),  # a run of several ranks names a rank's own values `path[rank r]`
-    )
-
-
-def _nondeterminism(
-    expected: list[StepRecord], actual: list[StepRecord], comparison: Comparison, what: str
-) -> Violation | None:
-    for a, b in zip(expected, actual, strict=False):
-        for difference in diff_steps(a, b, comparison):
-            return _violation(
-                "nondeterministic_baseline",
-                difference.mismatch,
-                a.step,
-                "baseline_nondeterministic",
-                f"{what} at step {a.step}: the recipe is not reproducible, so resume equivalence cannot be judged.",
-            )
-    return None
-
-
-def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str]) -> tuple[str | None, int | str, int]:
-    """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped).
-    Named by the first differing position, else by the first sample of the batch that tells."""
-    expected = baseline[index].sample_ids or []
-    position = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a),
-                    min(len(expected), len(actual)))
-    earlier = {i for record in baseline[:index] for i in record.sample_ids or []}
-    later = {i for record in baseline[index + 1:] for i in record.sample_ids or []}
-    belongs = set(expected)
-    for at in (position, *range(len(actual))):
-        # a sample of the expected batch is not what went wrong, though later epochs bring it back
-        if at < len(actual) and actual[at] not in belongs:
-            if actual[at] in earlier:
-                return "data_replayed", actual[at], at
-            if actual[at] in later:
-                return "data_skipped", actual[at], at
-    return None, actual[position] if position < len(actual) else expected[position], position
-
-
-def judge_resume(
-    baseline: RunTrace,
-    repeat: RunTrace,
-    interrupted: RunTrace,
-    resumed: RunTrace,
-    resume_at: int,
-    comparison: Comparison,
-    config: dict[str, Any],
-    rng_at_load: bool = True,
-) -> ResumeResult:
-    """The verdict on the four runs' traces. `rng_at_load=False` (a script) says that the RNG
-    streams right after the load were not observed, so an RNG divergence cannot be blamed on it."""
-    base, again, before, after = baseline.steps, repeat.steps, interrupted.steps, resumed.steps
-    for other, what in ((again, "Two uninterrupted runs differ"),
-                        (before, "The interrupted run differs from the uninterrupted one before the save")):
-        found = _nondeterminism(base, other, comparison, what)
-        if found is not None:
-            return ResumeResult(Outcome.ABSTAIN, [found], config=config,
-                                reason=f"baseline not reproducible: {found.path} differs at step {found.step}")
-    violations: list[Violation] = []
-    notes: list[str] = []
-    saved, loaded = interrupted.saved, resumed.loaded
-    assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
-    for mismatch in compare_snapshots(saved.state, loaded.state, comparison):
-        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored",
-                                     "The State right after load() differs from the State right after save()."))
-    unrestored = {m.path for m in compare_snapshots(saved.rng, loaded.rng, EXACT)}
-    rng_first: dict[str, tuple[Violation, int]] = {}
-    last_divergence = 0
-    for index, record in enumerate(after, start=resume_at):
-        step = record.step
-        for difference in diff_steps(base[index], record, comparison):
-            mismatch = difference.mismatch
-            if difference.aspect == "rng":
-                if mismatch.path not in rng_first:
-                    cause = "not_restored" if mismatch.path in unrestored else None
-                    preface = (
-                        "The RNG stream at the start of the step differs from uninterrupted training: "
-                        + ("load() did not restore it." if cause else
-                           "it was restored, then consumed between load() and this step (for example by a new "
-                           "DataLoader iterator drawing its base seed)." if rng_at_load else
-                           "the checkpoint does not hold it, or the resumed script draws from it differently.")
-                    )
-                    rng_first[mismatch.path] = (
-                        _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
-                                                            None, None), step, cause, preface),
-                        len(violations),
-                    )
-                continue
-            last_divergence = step
-            if difference.aspect == "data":
-                assert record.sample_ids is not None
-                cause, sample, position = _data_cause(base, index, record.sample_ids)
-                violation = _violation("data_mismatch", mismatch, step, cause,
-                                       "The resumed run trained on other samples than uninterrupted training.")
-                violations.append(dataclasses.replace(violation, sample_id=sample, position=position))
-            elif difference.aspect == "loss":
-                violations.append(_violation("loss_mismatch", mismatch, step, None,
-                                             "The loss differs from uninterrupted training."))
-            else:
-                violations.append(_violation("state_mismatch", mismatch, step, None,
-                                             "The State after the step differs from uninterrupted training."))
-    # An RNG stream is blamed only when something diverged at or after the step it first differed.
-    for offset, (path, (violation, position)) in enumerate(sorted(rng_first.items(), key=lambda i: i[1][1])):
-        assert violation.step is not None
-        if last_divergence >= violation.step:
-            violations.insert(position + offset, violation)
-        else:
-            notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
-                         "but nothing else diverged: reported, not failed.")
-    if baseline.unobserved:
-        notes.append(f"not compared: {', '.join(baseline.unobserved)}: trainparity sees no state in these State "
-                     "entries (no state_dict(), tensors, numbers or public attributes); give them a "
-                     "state_dict()/load_state_dict() to have them checked.")
-    if any(r.sample_ids is None for r in base):
-        notes.append("data stream not checked: the recipe's sample_ids() returns None.")
-    outcome = Outcome.FAIL if violations else Outcome.PASS
-    return ResumeResult(outcome, violations, notes, config)
-
 

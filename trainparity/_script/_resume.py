@@ -19,9 +19,11 @@ from typing import Any
 from trainparity._process import _session
 from trainparity._process._engine import run_jobs, scratch_directory
 from trainparity._process._options import validate_timeout
-from trainparity._results._result import ChildError, ResumeResult
-from trainparity._resume._check import fetch_values, judge_resume, values_wanted
+from trainparity._results._result import ResumeResult
+from trainparity._results._violation import ChildError
+from trainparity._resume._judge import judge_resume
 from trainparity._resume._trace import RunTrace, Whole
+from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, compare_snapshots, resolve_comparison

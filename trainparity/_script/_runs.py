@@ -11,7 +11,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from trainparity._process._engine import Job, JobOutcome, first_error
-from trainparity._results._result import ChildError
+from trainparity._results._violation import ChildError
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
 

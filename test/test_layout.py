@@ -1,0 +1,112 @@
+"""The package's layout: one subpackage per concept, imports that run one way, files a reader can hold.
+
+Read from the source with `ast` (every import counts: at module level, inside functions, and under
+`if TYPE_CHECKING:`), so that a circle hidden in a lazy import is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import trainparity
+
+PACKAGE = pathlib.Path(trainparity.__file__).resolve().parent
+#: the public faces and the one-concept modules that stand at the top of the package
+TOP_LEVEL = {"__init__", "__main__", "probe", "strategies", "_version", "_assertions", "_testing", "_cli",
+             "_pytest_plugin", "_compat"}
+#: no file longer than this many lines
+MOST_LINES = 600
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def private_modules() -> dict[str, pathlib.Path]:
+    """`trainparity._x._y` -> file, for every private module (the public faces import everything by design)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = module_name(path)
+        if any(part.startswith("_") and not part.startswith("__") for part in name.split(".")[1:]):
+            found[name] = path
+    return found
+
+
+def imports_of(path: pathlib.Path, known: set[str]) -> set[str]:
+    """The private trainparity modules `path` imports, however and wherever it imports them."""
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            # `from trainparity._process import _session` imports the module `_session`
+            targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for target in targets:
+            if target in known:
+                edges.add(target)
+    return edges
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circle() -> None:
+    modules = private_modules()
+    graph = {name: imports_of(path, set(modules)) - {name} for name, path in modules.items()}
+    assert circles(graph) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_top_of_the_package_holds_only_the_public_faces_and_one_concept_modules() -> None:
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    assert top - TOP_LEVEL == set(), "a module at the top of trainparity/: give it a subpackage of its concept"
+
+
+def test_every_subpackage_says_what_it_offers() -> None:
+    for init in PACKAGE.glob("_*/__init__.py"):
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init.parent.name}/__init__.py has no docstring"
+
+
+def test_no_file_is_longer_than_a_reader_can_hold() -> None:
+    long = {str(path.relative_to(PACKAGE)): length for path in PACKAGE.rglob("*.py")
+            if (length := len(path.read_text().splitlines())) > MOST_LINES}
+    assert long == {}

@@ -1,0 +1,194 @@
+"""The data-parallel verdict: per step the data, then the gradients, then the parameters, in observation order.
+
+Ranks are compared with rank 0, and rank 0 with the reference: O(world size) comparisons, and the
+first violation lands on the most specific cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from trainparity._parallel._shards import reads_whole_batch, shard_violations
+from trainparity._parallel._tensor_parallel import (
+    RATIO_TOLERANCE,
+    TP_PARTIAL,
+    PartialOutput,
+    partial_output,
+    sharded_after,
+    sums_to,
+)
+from trainparity._parallel._trace import RankStep, RankTrace
+from trainparity._results._result import DataParallelResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._state._compare import (
+    Comparison,
+    ExactComparison,
+    Leaf,
+    Mismatch,
+    ToleranceComparison,
+    compare_leaves,
+    compare_snapshots,
+)
+
+#: torch.testing.assert_close's defaults, used only to say that an exact FAIL is rounding-level
+ROUNDING = {
+    torch.float16: ToleranceComparison(rtol=1e-3, atol=1e-5),
+    torch.bfloat16: ToleranceComparison(rtol=1.6e-2, atol=1e-5),
+    torch.float32: ToleranceComparison(rtol=1.3e-6, atol=1e-5),
+    torch.float64: ToleranceComparison(rtol=1e-7, atol=1e-7),
+}
+
+
+def judge_data_parallel(
+    reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
+) -> DataParallelResult:
+    world_size = len(ranks)
+    violations: list[Violation] = []
+    rounding: list[bool] = []
+
+    def add(found: Violation, expected: Leaf = None, actual: Leaf = None) -> None:
+        violations.append(found)
+        rounding.append(_within_rounding(expected, actual, comparison))
+
+    notes: list[str] = []
+    data_checked = True
+    # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
+    batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
+                              if not module.endswith("(SyncBatchNorm)")})
+    for index, expected in enumerate(reference.steps):
+        step: int = expected.step
+        observed = [rank.steps[index] for rank in ranks]
+        shards = [o.sample_ids for o in observed if o.sample_ids is not None]
+        if expected.sample_ids is None or len(shards) < len(observed):
+            data_checked = False
+        else:
+            for violation in shard_violations(step, expected.sample_ids, shards):
+                add(violation)
+        # A tensor-parallel group computes one model on the same batch: partial sums over its ranks are telling.
+        group = expected.sample_ids is not None and len(shards) == len(observed) and reads_whole_batch(
+            expected.sample_ids, shards)
+        partial = partial_output(expected, observed, comparison) if group else None
+        found: list[tuple[Violation, Leaf, Leaf]] = []
+        first = observed[0]
+        step_cause = None if partial is None else TP_PARTIAL
+        for rank, other in enumerate(observed[1:], start=1):
+            for m in compare_snapshots(first.gradients, other.gradients, comparison):
+                reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group)
+                step_cause = step_cause or reason
+                found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
+                              first.gradients.get(m.path), other.gradients.get(m.path)))
+        for m in compare_snapshots(expected.gradients, first.gradients, comparison):
+            e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
+            cause, preface = step_cause, (
+                "Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a world "
+                "of size 1)."
+            )
+            if cause is None and _scaled(e, a, world_size):
+                cause = step_cause = "loss_not_averaged"
+                preface = (
+                    f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the "
+                    "gradients) was summed across ranks where the full batch takes a mean."
+                )
+            elif cause is None and batch_dependent:
+                cause = step_cause = "batch_dependent_layer"
+                preface = (
+                    "Rank 0's gradients at its optimizer step differ from the reference's: "
+                    f"{', '.join(batch_dependent)} normalize by the statistics of the batch each process sees in "
+                    "training mode, and a rank's shard has other statistics than the full batch. To normalize over "
+                    "the whole batch across ranks, convert them with nn.SyncBatchNorm.convert_sync_batchnorm(model)."
+                )
+            found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
+        for rank, other in enumerate(observed[1:], start=1):
+            for m in compare_snapshots(first.parameters, other.parameters, comparison):
+                found.append((_violation("replica_mismatch", "replicas", m, step, rank,
+                                         TP_PARTIAL if step_cause == TP_PARTIAL else "grads_not_synchronized",
+                                         f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas "
+                                         "drifted apart."),
+                              first.parameters.get(m.path), other.parameters.get(m.path)))
+        for m in compare_snapshots(expected.parameters, first.parameters, comparison):
+            found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
+                                     "Rank 0's parameters after the step differ from the reference's."),
+                          expected.parameters.get(m.path), first.parameters.get(m.path)))
+        if found and partial is not None:
+            # The module that summed partially comes first: the gradients and parameters follow from it.
+            add(_partial_violation(step, partial), partial.expected.values, partial.actual.values)
+        for violation, e, a in found:
+            add(violation, e, a)
+    if not data_checked:
+        notes.append("data stream not checked: the recipe's sample_ids() returns None.")
+    if reference.optimizers == 0:
+        notes.append("gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.")
+    if violations and all(rounding):
+        notes.append(
+            "every difference is within torch.testing's default tolerance for its dtype: ranks reduce the batch "
+            "in another order than one process, which changes rounding. If that is acceptable, judge in float64 "
+            "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
+        )
+    return DataParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+def _violation(
+    kind: str, root: str, mismatch: Mismatch, step: int, rank: int, cause: str | None, preface: str
+) -> Violation:
+    return Violation(
+        kind=kind,
+        path=f"{root}.{mismatch.path}",
+        message=f"{preface}\n{mismatch.message}",
+        step=step,
+        expected=mismatch.expected,
+        actual=mismatch.actual,
+        cause=cause,
+        rank=rank,
+    )
+
+
+def _scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
+    """Whether `actual` is `world_size` times a nonzero `expected`."""
+    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
+        return False
+    if not expected.is_floating_point() or expected.shape != actual.shape or not bool(expected.any()):
+        return False
+    return compare_leaves(expected * world_size, actual, RATIO_TOLERANCE) is None
+
+
+def _unsynchronized(
+    path: str, rank: int, expected: RankStep, observed: Sequence[RankStep], layers: dict[str, str],
+    partial: PartialOutput | None, group: bool,
+) -> tuple[str, str]:
+    """The cause and preface of gradients that differ between rank 0 and `rank`."""
+    if partial is not None:
+        return TP_PARTIAL, f"Rank {rank} holds other gradients than rank 0 at its optimizer step."
+    if group and sums_to(expected.gradients.get(path), [o.gradients.get(path) for o in observed]):
+        layer = layers.get(path, path)
+        after = sharded_after(layer, expected, observed[0])
+        culprit = "a tensor-parallel layer after it" if after is None else f"{after}, the first sharded layer after it,"
+        return TP_PARTIAL, (
+            f"Rank {rank} holds other gradients than rank 0 at its optimizer step, and the ranks' gradients sum to "
+            f"the reference's: the gradients of {layer} on each rank are a partial sum that was never all-reduced "
+            f"({culprit} whose input gradient is not all-reduced in backward?).")
+    return "grads_not_synchronized", (
+        f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not all-reduced (a model "
+        "used without its DDP wrapper, parameters left outside fully_shard, or no_sync() at the step?).")
+
+
+def _partial_violation(step: int, partial: PartialOutput) -> Violation:
+    expected = partial.expected
+    sampled = "" if expected.stride == 1 else f" (every {expected.stride}th element of the flattened output)"
+    return _violation(
+        "output_mismatch", "outputs", partial.mismatch, step, partial.rank, TP_PARTIAL,
+        f"{expected.module} returned other values on rank {partial.rank} than in the reference{sampled}, and the "
+        "ranks' outputs sum to the reference's: its output on each rank is a partial sum that was never all-reduced "
+        "(a row-parallel layer without the all-reduce of its output, such as RowwiseParallel(output_layouts="
+        "Partial()) or a missing dist.all_reduce?).")
+
+
+def _within_rounding(expected: Leaf, actual: Leaf, comparison: Comparison) -> bool:
+    if not isinstance(comparison, ExactComparison) or not isinstance(expected, torch.Tensor):
+        return False
+    tolerance = ROUNDING.get(expected.dtype)
+    return tolerance is not None and isinstance(actual, torch.Tensor) and (
+        compare_leaves(expected, actual, tolerance) is None
+    )

@@ -1,0 +1,178 @@
+"""The child of the data-parallel check: one rank of the world under test, or the reference (world size 1).
+
+It joins the process group before the recipe's `setup()` (a file store in the check's scratch
+directory), then records each step: the batch's sample IDs, the gradients at the optimizer step
+(the one observer of optimizer steps), the parameters after the step, and what its modules
+returned (forward hooks, removed afterwards), in the order the modules finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainparity._batches._sample_ids import normalize_sample_ids
+from trainparity._observe._hooks import HookSet
+from trainparity._observe._observer import Observer
+from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace
+from trainparity._process._world import World, join, leave
+from trainparity._recipe._recipe import Recipe, next_batch, require_state
+from trainparity._recipe._reference import RecipeRef
+from trainparity._state._compare import Snapshot
+from trainparity._state._digest import gathered
+from trainparity._state._precision import cast_batch, convert_state, running_in
+from trainparity._state._rng import seed_everything
+from trainparity._state._snapshot import to_leaf
+
+REFERENCE = "reference"
+
+
+#: a recorded module output keeps every k-th element, at most this many: enough to see a partial sum
+OUTPUT_SAMPLE = 4096
+
+
+#: module outputs a process records over the whole run (the first ones in forward order, from step 1 on):
+#: at most OUTPUT_LIMIT * OUTPUT_SAMPLE float64 values, 16 MiB, whatever the model's size. A count rather than
+#: a size, so that every rank stops at the same output and gathers (collectives) the same DTensors.
+OUTPUT_LIMIT = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPayload:
+    """One process of the check: a rank of the world under test, or the reference (world size 1)."""
+
+    recipe: RecipeRef
+    seed: int
+    steps: int
+    backend: str
+    rank: int
+    world_size: int
+    #: "rank 0", ..., or "reference": names this process's files in `scratch`
+    tag: str
+    #: the check's scratch directory (owned by the parent): the file stores
+    scratch: str
+    precision: str
+
+
+def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
+    """Child task: join the process group, run the recipe, record each step. When a rank fails, the
+    others' collectives break and they fail too: the engine reports the failure that came first."""
+    store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
+    join(World(payload.backend, payload.rank, payload.world_size, str(store)))
+    recipe = payload.recipe.build()
+    with running_in(payload.precision):
+        seed_everything(payload.seed)
+        state = require_state(recipe.setup(), recipe, "setup")
+        convert_state(state, payload.precision)
+        with Observer(state, type(recipe), disable_dropout=False, record_contributions=False) as observer, \
+                OutputRecorder(observer.modules) as outputs:
+            steps = list(record_steps(recipe, observer, outputs, payload))
+            batch_dependent = sorted(observer.batch_dependent)
+            optimizers = len(observer.optimizers)
+            layers = owning_layers(observer)
+    leave(recipe, state)
+    return RankTrace(steps, optimizers, batch_dependent, layers).to_wire()
+
+
+def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
+                 payload: RankPayload) -> Iterator[RankStep]:
+    """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after,
+    the module outputs."""
+    name = type(recipe).__name__
+    batches = iter(recipe.batches(observer.state))
+    for step in range(1, payload.steps + 1):
+        batch = cast_batch(next_batch(batches, recipe, f"step {step}"), payload.precision)
+        ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
+        observer.begin_call(step)
+        try:
+            recipe.step(observer.state, batch)
+        finally:
+            observer.end_call()
+        gradients: Snapshot = {}
+        for events in observer.take_step_events().values():
+            for event in events:
+                gradients.update(event.grads)
+        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take())
+
+
+def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, nn.Module]]:
+    """Every submodule of the State's modules: its path, the "path (Class)" reports name it by, and itself."""
+    for entry, module in modules.items():
+        for sub_name, sub in module.named_modules():
+            path = f"{entry}.{sub_name}" if sub_name else entry
+            yield path, f"{path} ({type(sub).__name__})", sub
+
+
+def owning_layers(observer: Observer) -> dict[str, str]:
+    """Parameter name -> "path (Class)" of the module that holds it."""
+    layers: dict[str, str] = {}
+    for _, label, sub in named_layers(observer.modules):
+        for parameter in sub.parameters(recurse=False):
+            name = observer.names.get(id(parameter))
+            if name is not None and name not in layers:
+                layers[name] = label
+    return layers
+
+
+class OutputRecorder(HookSet):
+    """Forward hooks on every submodule of the State's modules, removed on exit: each floating tensor a module
+    returns, in the order the modules finish (inner before outer), until `OUTPUT_LIMIT` outputs are kept.
+
+    A `DTensor` output is gathered with `full_tensor()` (every rank runs the same modules in the same order,
+    so the collectives match); a plain tensor is kept as it is, a rank's local shard or partial sum.
+    """
+
+    def __init__(self, modules: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        self.modules = modules
+        self.outputs: list[ModuleOutput] = []
+        self.calls: Counter[str] = Counter()
+        self.left = OUTPUT_LIMIT
+
+    def _install(self) -> None:
+        for path, label, sub in named_layers(self.modules):
+            hook = functools.partial(self._record, path, label)
+            self._stack.callback(sub.register_forward_hook(hook).remove)
+
+    def _record(self, path: str, module: str, instance: nn.Module, args: Any, output: Any) -> None:
+        self.calls[path] += 1
+        call = self.calls[path]
+        key = path if call == 1 else f"{path}#{call}"
+        for suffix, tensor in _output_tensors(output):
+            if self.left == 0:
+                return
+            self.left -= 1
+            whole = gathered(tensor.detach())
+            stride = max(1, -(-whole.numel() // OUTPUT_SAMPLE))
+            values = whole.reshape(-1)[::stride].to("cpu", torch.float64, copy=True)
+            self.outputs.append(ModuleOutput(key + suffix, module, list(whole.shape), stride,
+                                             values.reshape(whole.shape) if stride == 1 else values))
+
+    def take(self) -> list[ModuleOutput]:
+        """The outputs recorded since the last call; module calls count from 1 again."""
+        outputs, self.outputs = self.outputs, []
+        self.calls.clear()
+        return outputs
+
+
+def _output_tensors(output: object) -> list[tuple[str, torch.Tensor]]:
+    """The dense floating tensors in a module's output: the output itself, or the items of a tuple, list or
+    dict (one level: enough for layers and blocks; a model's nested output is seen through its layers)."""
+    items: list[tuple[str, object]]
+    if isinstance(output, torch.Tensor):
+        items = [("", output)]
+    elif isinstance(output, (tuple, list)):  # items named as the snapshot walk names them: `.0`, `.key`
+        items = [(f".{index}", item) for index, item in enumerate(output)]
+    elif isinstance(output, Mapping):
+        items = [(f".{key}", item) for key, item in output.items()]
+    else:
+        items = []
+    return [(suffix, item) for suffix, item in items
+            if isinstance(item, torch.Tensor) and item.is_floating_point() and item.layout == torch.strided]

@@ -1,0 +1,69 @@
+"""What one process of the data-parallel check observed: per step its batch's sample IDs, the gradients at its
+optimizer step, the parameters after it, and a bounded sample of its modules' outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from trainparity._batches._sample_ids import SampleIds
+from trainparity._state._compare import Snapshot
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleOutput:
+    """A floating tensor a module returned in one step, as the tensor-parallel diagnosis keeps it."""
+
+    #: the module's path, `.i`/`.key` for an item of a tuple or dict output, `#n` for its n-th call in the step
+    key: str
+    #: the module's path and class, as reports name it: "model.down (Linear)"
+    module: str
+    #: the whole (gathered) output's shape
+    shape: list[int]
+    #: every `stride`-th element of the whole output in float64, shaped like the output when stride is 1
+    stride: int
+    values: torch.Tensor
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ModuleOutput:
+        return cls(str(data["key"]), str(data["module"]), [int(n) for n in data["shape"]], int(data["stride"]),
+                   data["values"])
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStep:
+    """One step of one process: its batch's sample IDs, the gradients at the optimizer step, the parameters after,
+    and the module outputs recorded in the step (see `OutputRecorder`)."""
+
+    step: int
+    sample_ids: SampleIds | None
+    gradients: Snapshot
+    parameters: Snapshot
+    outputs: list[ModuleOutput]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTrace:
+    """What one process of the check observed."""
+
+    steps: list[RankStep]
+    #: how many optimizers the State holds
+    optimizers: int
+    #: batch-dependent modules that ran in training mode
+    batch_dependent: list[str]
+    #: parameter name -> the layer that owns it, as reports name it ("model.embed (Linear)")
+    layers: dict[str, str]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"steps": [dataclasses.asdict(step) for step in self.steps], "optimizers": self.optimizers,
+                "batch_dependent": self.batch_dependent, "layers": self.layers}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> RankTrace:
+        steps = [RankStep(int(step["step"]), None if step["sample_ids"] is None else list(step["sample_ids"]),
+                          dict(step["gradients"]), dict(step["parameters"]),
+                          [ModuleOutput.from_wire(output) for output in step["outputs"]]) for step in data["steps"]]
+        return cls(steps, int(data["optimizers"]), [str(module) for module in data["batch_dependent"]],
+                   {str(name): str(layer) for name, layer in data["layers"].items()})

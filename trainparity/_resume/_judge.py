@@ -1,0 +1,145 @@
+"""The resume verdict: two uninterrupted baselines, the interrupted run and the resumed run, judged in order.
+
+In observation order: the State right after `load` against the State right after `save` (cause
+`not_restored`), then per resumed step the RNG streams at the start of the step, the batch's sample
+IDs, the loss and the State after the step against the baseline. Recipes' and scripts' runs are
+judged alike (`_script` builds the same traces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from trainparity._results._result import ResumeResult
+from trainparity._results._violation import Outcome, Violation
+from trainparity._resume._ranks import path_rank
+from trainparity._resume._trace import RunTrace, StepRecord, diff_steps
+from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_snapshots
+
+
+def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
+    return Violation(
+        kind=kind,
+        path=mismatch.path,
+        message=f"{preface}\n{mismatch.message}" if preface else mismatch.message,
+        step=step,
+        expected=mismatch.expected,
+        actual=mismatch.actual,
+        cause=cause,
+        rank=path_rank(mismatch.path),  # a run of several ranks names a rank's own values `path[rank r]`
+    )
+
+
+def _nondeterminism(
+    expected: list[StepRecord], actual: list[StepRecord], comparison: Comparison, what: str
+) -> Violation | None:
+    for a, b in zip(expected, actual, strict=False):
+        for difference in diff_steps(a, b, comparison):
+            return _violation(
+                "nondeterministic_baseline",
+                difference.mismatch,
+                a.step,
+                "baseline_nondeterministic",
+                f"{what} at step {a.step}: the recipe is not reproducible, so resume equivalence cannot be judged.",
+            )
+    return None
+
+
+def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str]) -> tuple[str | None, int | str, int]:
+    """Why the resumed batch differs: IDs already consumed (replayed) or from later batches (skipped).
+    Named by the first differing position, else by the first sample of the batch that tells."""
+    expected = baseline[index].sample_ids or []
+    position = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a),
+                    min(len(expected), len(actual)))
+    earlier = {i for record in baseline[:index] for i in record.sample_ids or []}
+    later = {i for record in baseline[index + 1:] for i in record.sample_ids or []}
+    belongs = set(expected)
+    for at in (position, *range(len(actual))):
+        # a sample of the expected batch is not what went wrong, though later epochs bring it back
+        if at < len(actual) and actual[at] not in belongs:
+            if actual[at] in earlier:
+                return "data_replayed", actual[at], at
+            if actual[at] in later:
+                return "data_skipped", actual[at], at
+    return None, actual[position] if position < len(actual) else expected[position], position
+
+
+def judge_resume(
+    baseline: RunTrace,
+    repeat: RunTrace,
+    interrupted: RunTrace,
+    resumed: RunTrace,
+    resume_at: int,
+    comparison: Comparison,
+    config: dict[str, Any],
+    rng_at_load: bool = True,
+) -> ResumeResult:
+    """The verdict on the four runs' traces. `rng_at_load=False` (a script) says that the RNG
+    streams right after the load were not observed, so an RNG divergence cannot be blamed on it."""
+    base, again, before, after = baseline.steps, repeat.steps, interrupted.steps, resumed.steps
+    for other, what in ((again, "Two uninterrupted runs differ"),
+                        (before, "The interrupted run differs from the uninterrupted one before the save")):
+        found = _nondeterminism(base, other, comparison, what)
+        if found is not None:
+            return ResumeResult(Outcome.ABSTAIN, [found], config=config,
+                                reason=f"baseline not reproducible: {found.path} differs at step {found.step}")
+    violations: list[Violation] = []
+    notes: list[str] = []
+    saved, loaded = interrupted.saved, resumed.loaded
+    assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
+    for mismatch in compare_snapshots(saved.state, loaded.state, comparison):
+        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored",
+                                     "The State right after load() differs from the State right after save()."))
+    unrestored = {m.path for m in compare_snapshots(saved.rng, loaded.rng, EXACT)}
+    rng_first: dict[str, tuple[Violation, int]] = {}
+    last_divergence = 0
+    for index, record in enumerate(after, start=resume_at):
+        step = record.step
+        for difference in diff_steps(base[index], record, comparison):
+            mismatch = difference.mismatch
+            if difference.aspect == "rng":
+                if mismatch.path not in rng_first:
+                    cause = "not_restored" if mismatch.path in unrestored else None
+                    preface = (
+                        "The RNG stream at the start of the step differs from uninterrupted training: "
+                        + ("load() did not restore it." if cause else
+                           "it was restored, then consumed between load() and this step (for example by a new "
+                           "DataLoader iterator drawing its base seed)." if rng_at_load else
+                           "the checkpoint does not hold it, or the resumed script draws from it differently.")
+                    )
+                    rng_first[mismatch.path] = (
+                        _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
+                                                            None, None), step, cause, preface),
+                        len(violations),
+                    )
+                continue
+            last_divergence = step
+            if difference.aspect == "data":
+                assert record.sample_ids is not None
+                cause, sample, position = _data_cause(base, index, record.sample_ids)
+                violation = _violation("data_mismatch", mismatch, step, cause,
+                                       "The resumed run trained on other samples than uninterrupted training.")
+                violations.append(dataclasses.replace(violation, sample_id=sample, position=position))
+            elif difference.aspect == "loss":
+                violations.append(_violation("loss_mismatch", mismatch, step, None,
+                                             "The loss differs from uninterrupted training."))
+            else:
+                violations.append(_violation("state_mismatch", mismatch, step, None,
+                                             "The State after the step differs from uninterrupted training."))
+    # An RNG stream is blamed only when something diverged at or after the step it first differed.
+    for offset, (path, (violation, position)) in enumerate(sorted(rng_first.items(), key=lambda i: i[1][1])):
+        assert violation.step is not None
+        if last_divergence >= violation.step:
+            violations.insert(position + offset, violation)
+        else:
+            notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
+                         "but nothing else diverged: reported, not failed.")
+    if baseline.unobserved:
+        notes.append(f"not compared: {', '.join(baseline.unobserved)}: trainparity sees no state in these State "
+                     "entries (no state_dict(), tensors, numbers or public attributes); give them a "
+                     "state_dict()/load_state_dict() to have them checked.")
+    if any(r.sample_ids is None for r in base):
+        notes.append("data stream not checked: the recipe's sample_ids() returns None.")
+    outcome = Outcome.FAIL if violations else Outcome.PASS
+    return ResumeResult(outcome, violations, notes, config)
