@@ -90,7 +90,8 @@ def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathli
     assert resume(Faulty()).outcome is tp.Outcome.PASS
 
 
-@pytest.mark.parametrize("guard", [(_launchers, "signals_deferred"), (_engine, "_sigterm_cleans_up")])
+@pytest.mark.parametrize("guard", [(_launchers, "signals_deferred"), (_engine, "_sigterm_cleans_up")],
+                         ids=["signals_deferred", "sigterm_cleans_up"])
 def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: tuple[object, str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A Python signal handler runs as soon as a call returns: a Ctrl-C pending as the engine holds

@@ -1,0 +1,139 @@
+"""What every benchmark shares: timing a call, the reference figures it is held against, and the machine's load.
+
+Ratios are measured in the same run as their reference; timings of sub-second work are the median or the
+fastest of several rounds, since one measurement mostly measures what else the machine was doing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TOOLS = ROOT / "tools"
+MB = 1e6
+
+
+def seconds(action: Callable[[], object]) -> float:
+    """Wall time of one call of `action`."""
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def median_seconds(action: Callable[[], object], rounds: int) -> float:
+    """The median wall time of `rounds` calls of `action`."""
+    return statistics.median(seconds(action) for _ in range(rounds))
+
+
+def fastest_seconds(action: Callable[[], object], rounds: int) -> float:
+    """The fastest of `rounds` calls of `action`: the floor that a loaded machine's noise only adds to."""
+    return min(seconds(action) for _ in range(rounds))
+
+
+def in_fresh_interpreter(module: str, function: str, *arguments: object) -> dict[str, Any]:
+    """`benchmarks.<module>.<function>(*arguments)` in a new interpreter whose sys.path holds tools/ (so that the
+    checks' children, which take the parent's sys.path, import the benchmark's recipes by name); the JSON object it
+    prints last. Its stderr passes through."""
+    import json
+
+    code = (f"import sys; sys.path.insert(0, {str(TOOLS)!r}); import benchmarks.{module} as probe; "
+            f"probe.{function}(*{arguments!r})")
+    done = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{module}.{function}{arguments!r} exited with status {done.returncode}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures
+
+
+def torch_import_seconds(repeats: int = 3) -> float:
+    """Median wall time of `python -c "import torch"` in a new interpreter, measured now."""
+    return median_seconds(lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True), repeats)
+
+
+def machine() -> str:
+    """`load average 1.2 on 2 cores`: printed beside every figure, since a busy machine changes them all."""
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+
+
+def warm_up_torch() -> None:
+    """What the fork server does before its first child: import torch and trainparity, step a small AdamW."""
+    import torch
+
+    import trainparity  # noqa: F401
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+
+
+def seed_like_the_checks(seed: int) -> None:
+    """The seeding the checks do before each run's setup() or load()."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(recipe: Any, state: Any, steps: int) -> None:
+    """`steps` calls of the recipe's step() on its batches, without any check."""
+    batches = iter(recipe.batches(state))
+    for _ in range(steps):
+        recipe.step(state, next(batches))
+
+
+class PeakRSS:
+    """This process's peak resident set size over a `with` block, in bytes (`peak`; `before`: the RSS at entry).
+
+    The kernel's high-water mark, VmHWM, reset at entry by writing 5 to /proc/self/clear_refs; where that
+    file cannot be written, VmRSS sampled every 5 ms by a thread (which can miss a peak shorter than that).
+    """
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.before = self.peak = 0
+        self._sampling = threading.Event()
+        self._sampler: threading.Thread | None = None
+
+    @staticmethod
+    def _status(field: str) -> int:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"/proc/self/status has no {field}")
+
+    def _sample(self) -> None:
+        while not self._sampling.wait(0.005):
+            self.peak = max(self.peak, self._status("VmRSS"))
+
+    def __enter__(self) -> PeakRSS:
+        self.before = self.peak = self._status("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as clear_refs:
+                clear_refs.write("5")
+            self.method = "VmHWM after resetting it through /proc/self/clear_refs"
+        except OSError:
+            self.method = "VmRSS sampled every 5 ms"
+            self._sampler = threading.Thread(target=self._sample, daemon=True)
+            self._sampler.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._sampler is None:
+            self.peak = self._status("VmHWM")
+        else:
+            self._sampling.set()
+            self._sampler.join()
+            self.peak = max(self.peak, self._status("VmRSS"))
