@@ -9,7 +9,7 @@ Two runs from the same seeded setup, in-process by default (or in fresh processe
 The run (`_run.py`) records a typed trace (`_trace.py`); the judgement (`_judge.py`) walks the
 two traces window by window and phase by phase; the diagnoses (`_diagnoses.py`) are tables of
 hypotheses tested against what was observed. By default both runs compute in float64
-(`_precision.py`), so one fixed tolerance separates rounding from bugs on any machine.
+(`_state/_precision.py`), so one fixed tolerance separates rounding from bugs on any machine.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - `check_mixed_precision` (`_mixed_precision.py`): the GradScaler's contract, and non-finite values.
 
 Each sets the recipe up from the seed and observes its `step()` calls through the one observer of
-optimizer steps (`_run.py`, `_observe.Observer`), in-process by default; the run returns a typed
+optimizer steps (`_run.py`, `_observe/_observer.py: Observer`), in-process by default; the run returns a typed
 trace, which the check judges into a result of the usual form.
 """
 

@@ -108,7 +108,7 @@ class Recorder:
         self.saved: Boundary | None = None
         #: the script's asynchronous saves (DCP `async_save` futures), waited for before the exit
         self.pending: list[Any] = []
-        #: an optimizer whose `step()` only creates its state (see `trainparity._observe._observer.creates_state`)
+        #: an optimizer whose `step()` only creates its state (see `trainparity._observe._hooks.creates_state`)
         self.creating_state: torch.optim.Optimizer | None = None
         self.finished = False
 
