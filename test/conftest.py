@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 import sys
 
 import pytest
+from process_helpers import SESSION
+
+# Every child of this test process carries it: "nothing left running" means nothing of ours.
+os.environ[SESSION] = str(os.getpid())  # each xdist worker its own
 
 #: seconds the test process may take to exit after its last test
 EXIT_BOUND = 120

@@ -343,6 +343,19 @@ class InfiniteGradientsNoScaler(MLP):
         return super().loss(state, batch) + infinite_gradient(state.model)
 
 
+class InfiniteGradientsInClosure(MLP):
+    """The same gradient computed inside `optimizer.step(closure)`: the step itself makes the gradient it takes."""
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        def closure() -> torch.Tensor:
+            state.optimizer.zero_grad()
+            loss = self.loss(state, batch) + infinite_gradient(state.model)
+            loss.backward()
+            return loss
+
+        return state.optimizer.step(closure).detach()  # type: ignore[union-attr]
+
+
 class NanLoss(Amp):
     """A log of 0 in the loss from step 2 on."""
 

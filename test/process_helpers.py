@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import time
 
@@ -24,9 +25,17 @@ def still_running(pids: list[int], grace: float = 2.0) -> list[int]:
     return [pid for pid in pids if running(pid)]
 
 
+#: set for this test process (conftest.py) and inherited by every child it starts: so that a check of another
+#: test process (an xdist worker, a concurrent run) is never mistaken for one of ours left running
+SESSION = "TRAINPARITY_TEST_SESSION"
+
+
 def marked_processes(also: bytes | None = None) -> list[int]:
     """Running processes carrying a trainparity job marker: what a check started and has not killed.
-    `also`: an environment entry (b"NAME=value") they must carry too, to tell one run's from another's."""
+    `also`: an environment entry (b"NAME=value") they must carry too, to tell one run's from another's; by
+    default this test process's `SESSION` entry, where it is set."""
+    if also is None and SESSION in os.environ:
+        also = f"{SESSION}={os.environ[SESSION]}".encode()
     found = []
     for entry in pathlib.Path("/proc").iterdir():
         if entry.name.isdigit():

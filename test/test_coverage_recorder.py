@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 import trainparity as tp
 from trainparity._process._engine import Job, run_jobs
+from trainparity._process._options import Deadline
 from trainparity.strategies import IndexDataset
 
 WORLD = 2
@@ -51,10 +52,9 @@ def run_world(buggy: bool) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="trainparity-gloo-") as tmp:
         init_method = f"file://{tmp}/rendezvous"
         jobs = [Job(f"{__name__}:train_and_gather",
-                    {"rank": r, "init_method": init_method, "buggy": buggy, "sampler_rank": 0}, f"rank {r}", 90.0,
-                    rank=r)
+                    {"rank": r, "init_method": init_method, "buggy": buggy, "sampler_rank": 0}, f"rank {r}", rank=r)
                 for r in range(WORLD)]
-        outcomes = run_jobs(jobs, concurrency=WORLD, on_failure="all")
+        outcomes = run_jobs(jobs, deadline=Deadline.after(90), concurrency=WORLD, on_failure="all")
     errors = [o.error.headline() for o in outcomes if o.error is not None]
     if errors:
         raise AssertionError("; ".join(errors))

@@ -22,6 +22,7 @@ from process_helpers import still_running
 
 import trainparity as tp
 from trainparity._process._engine import Job, run_jobs
+from trainparity._process._options import Deadline
 
 #: DDP reduces the batch in another order than one process: rounding-level differences are declared acceptable
 TOLERANCE = tp.ToleranceComparison(rtol=1e-4, atol=1e-6)
@@ -293,8 +294,8 @@ def run_example_rank(payload: dict[str, Any], workdir: pathlib.Path) -> dict[str
 def test_torchrun_example_through_the_harness_launcher(tmp_path: pathlib.Path, same_shard: bool) -> None:
     store = str(tmp_path / "store")
     jobs = [Job("test_data_parallel:run_example_rank", {"store": store, "rank": rank, "same_shard": same_shard},
-                f"rank {rank}", timeout=60, rank=rank) for rank in range(2)]
-    rank0, rank1 = run_jobs(jobs, isolation="process", concurrency=2, on_failure="all")
+                f"rank {rank}", rank=rank) for rank in range(2)]
+    rank0, rank1 = run_jobs(jobs, deadline=Deadline.after(60), isolation="process", concurrency=2, on_failure="all")
     assert rank0.error is None and rank1.error is None, (rank0.error, rank1.error)
     assert rank0.output is not None and rank1.output == {"outcome": None, "report": None, "kinds": []}
     if same_shard:

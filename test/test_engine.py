@@ -11,6 +11,7 @@ import resume_recipes
 from process_helpers import still_running
 
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
+from trainparity._process._options import Deadline
 
 IDENTITY = "resume_recipes:report_identity"
 
@@ -19,7 +20,8 @@ IDENTITY = "resume_recipes:report_identity"
 def test_children_are_fresh_processes_with_fresh_imports(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # User state changed in this process must not reach a child: it imports the module anew.
     monkeypatch.setitem(resume_recipes.IMPORT_MARKER, "value", "changed in the parent")
-    outcomes = run_jobs([Job(IDENTITY, None, "a", 60), Job(IDENTITY, None, "b", 60)], isolation=isolation)
+    outcomes = run_jobs([Job(IDENTITY, None, "a"), Job(IDENTITY, None, "b")], deadline=Deadline.after(60),
+                        isolation=isolation)
     outputs = [o.output for o in outcomes]
     assert all(output is not None for output in outputs), [o.error for o in outcomes]
     pids = {output["pid"] for output in outputs if output is not None}
@@ -30,7 +32,7 @@ def test_children_are_fresh_processes_with_fresh_imports(isolation: str, monkeyp
 def test_fork_server_never_imports_user_modules() -> None:
     # A module imported by the server (or inherited from this process) would carry the PID of
     # the process that imported it; a fresh import in the child carries the child's PID.
-    outcome = run_jobs([Job("test_engine:where_imported", None, "probe", 60)])[0]
+    outcome = run_jobs([Job("test_engine:where_imported", None, "probe")], deadline=Deadline.after(60))[0]
     assert outcome.output is not None, outcome.error
     assert outcome.output["imported_in_pid"] == outcome.output["pid"] != os.getpid()
 
@@ -47,10 +49,11 @@ def where_imported(payload: object, workdir: object) -> dict[str, object]:
 def test_dependent_job_waits_and_is_abandoned_when_its_dependency_fails() -> None:
     outcomes = run_jobs(
         [
-            Job("resume_recipes:no_such_task", None, "first", 60),
-            Job(IDENTITY, None, "second", 60, after=0),
-            Job(IDENTITY, None, "independent", 60),
-        ]
+            Job("resume_recipes:no_such_task", None, "first"),
+            Job(IDENTITY, None, "second", after=0),
+            Job(IDENTITY, None, "independent"),
+        ],
+        deadline=Deadline.after(60),
     )
     assert outcomes[0].error is not None and outcomes[0].error.kind == "raised"
     assert outcomes[0].error.exc_type == "AttributeError"
@@ -75,11 +78,11 @@ def test_the_first_failure_in_time_is_the_cause_whatever_the_order_of_the_jobs()
 
 def test_dependency_must_be_an_earlier_job() -> None:
     with pytest.raises(ValueError, match="Job.after must name an earlier job"):
-        run_jobs([Job(IDENTITY, None, "a", 60, after=0)])
+        run_jobs([Job(IDENTITY, None, "a", after=0)], deadline=Deadline.after(60))
 
 
 def test_workdirs_are_removed() -> None:
-    outcome = run_jobs([Job(IDENTITY, None, "a", 60)])[0]
+    outcome = run_jobs([Job(IDENTITY, None, "a")], deadline=Deadline.after(60))[0]
     assert outcome.output is not None
     assert not os.path.exists(outcome.output["workdir"])
 

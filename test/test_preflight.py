@@ -212,8 +212,16 @@ def test_clip_before_unscale() -> None:
 def test_nonfinite_grads_stepped_without_a_scaler() -> None:
     result = tp.check_mixed_precision(recipes.InfiniteGradientsNoScaler, steps=1)
     assert found(result) == [("nonfinite_grads_stepped", "gradients.0.weight", 1, "nonfinite_grads_stepped"),
-                             ("nonfinite_params", "parameters.0.weight", 1, "nonfinite_params")]
+                             ("nonfinite_params", "parameters.0.weight", 1, "nonfinite_grads_stepped")]
     assert result.notes[0].startswith("The State holds no enabled torch.amp.GradScaler: the scaler's contract")
+
+
+def test_gradients_a_closure_computes_inside_the_step_are_the_ones_judged() -> None:
+    """`optimizer.step(closure)` computes its gradients inside the step: read before it, they would be the last
+    step's, and the parameters the step made non-finite would be named first, a consequence before its cause."""
+    result = tp.check_mixed_precision(recipes.InfiniteGradientsInClosure, steps=2)
+    assert found(result)[:2] == [("nonfinite_grads_stepped", "gradients.0.weight", 1, "nonfinite_grads_stepped"),
+                                 ("nonfinite_params", "parameters.0.weight", 1, "nonfinite_grads_stepped")]
 
 
 def test_skipped_steps_with_the_loss_scale_trace() -> None:
@@ -272,14 +280,15 @@ def test_mixed_precision_in_a_child_process_keeps_non_finite_values() -> None:
 def test_traces_survive_the_wire_format(tmp_path: Any) -> None:
     from trainparity._preflight._run import PreflightPayload
     from trainparity._process._engine import Job, run_jobs
+    from trainparity._process._options import Deadline
     from trainparity._recipe._reference import resolve_recipe
 
     for task, recipe, decode in [
         ("trainparity._preflight._optimizer_coverage:optimizer_coverage_run", recipes.GPT, CoverageTrace.from_wire),
         ("trainparity._preflight._mixed_precision:mixed_precision_run", recipes.NanLoss, PrecisionTrace.from_wire),
     ]:
-        job = Job(task, PreflightPayload(resolve_recipe(recipe), 2, 0), "training", 60.0)
-        output = run_jobs([job], isolation="inprocess")[0].output
+        job = Job(task, PreflightPayload(resolve_recipe(recipe), 2, 0), "training")
+        output = run_jobs([job], deadline=Deadline.after(60), isolation="inprocess")[0].output
         dump(output, tmp_path / "trace")
         assert repr(decode(load(tmp_path / "trace"))) == repr(decode(output))
     assert decode(output).steps[1].loss == -math.inf

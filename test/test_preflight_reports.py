@@ -66,3 +66,18 @@ config: isolation='inprocess', max_skipped_steps=None, recipe='preflight_recipes
 First violation: optimizer (step 1, kind: scaler_step_bypassed, cause: scaler_step_bypassed)
   Optimizer 'optimizer' stepped in step 1 outside scaler.step(), on gradients GradScaler 'scaler' still scaled by 1024 (an update that many times too large): steps whose gradients hold an inf or a NaN are not skipped, and the loss scale never adapts. Call scaler.step(optimizer) instead of optimizer.step(), then scaler.update().
   Also at step 2.""")
+
+    def test_nonfinite_gradients_stepped_come_before_the_parameters_they_made_nonfinite(self) -> None:
+        self.assertExpectedInline(tp.check_mixed_precision(recipes.InfiniteGradientsInClosure, steps=1).report(), """\
+trainparity mixed_precision check: FAIL at gradients.0.weight (nonfinite_grads_stepped, step 1)
+config: isolation='inprocess', max_skipped_steps=None, recipe='preflight_recipes:InfiniteGradientsInClosure', seed=0, steps=1
+
+First violation: gradients.0.weight (step 1, kind: nonfinite_grads_stepped, cause: nonfinite_grads_stepped)
+  Optimizer 'optimizer' stepped in step 1 on gradients holding an inf or a NaN (of 0.weight): the parameters it updates become non-finite; skip such steps (an enabled GradScaler's scaler.step() does), or find where they come from.
+
+All violations (2):
+  1. gradients.0.weight (step 1, kind: nonfinite_grads_stepped, cause: nonfinite_grads_stepped)
+  2. parameters.0.weight (step 1, kind: nonfinite_params, cause: nonfinite_grads_stepped)
+
+Notes:
+  - The State holds no enabled torch.amp.GradScaler: the scaler's contract (scaler_step_bypassed, scaler_update_missing, clip_before_unscale, skipped_steps) was not judged, only non-finite values.""")

@@ -176,7 +176,7 @@ def test_unreadable_result_files_are_corrupt_outcomes(damage: str, tmp_path: pat
     damaged = {"garbage": b"\xff\xfe not the wire format", "empty": b"", "truncated": data[: len(data) // 2],
                "flipped": bytes(b ^ 0xFF for b in data[:40]) + data[40:]}[damage]
     (tmp_path / RESULT_FILE).write_bytes(damaged)
-    job = _engine.Job("trainparity._resume._trace:train_run", None, "baseline", 10.0)
+    job = _engine.Job("trainparity._resume._trace:train_run", None, "baseline")
     outcome = _engine._read_outcome(job, tmp_path, 0, 0)
     assert outcome.output is None and outcome.error is not None and outcome.error.kind == "corrupt"
     assert outcome.error.headline().startswith("baseline: its output could not be read")

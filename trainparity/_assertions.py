@@ -237,13 +237,15 @@ def assert_coverage(
     policy: Policies,
     sample_ids: Callable[[Any], Any] | None = None,
     max_violations: int | None = None,
+    timeout: float | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> CoverageResult:
     """`tp.check_coverage(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
-    result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, max_violations=max_violations)
+    result = check_coverage(ranks, policy=policy, sample_ids=sample_ids, max_violations=max_violations,
+                            timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

@@ -43,7 +43,8 @@ exit status:
 """
 RECIPE_HELP = ("the recipe: package.module:ClassName or path/to/file.py:ClassName, optionally with literal "
                "constructor arguments, e.g. 'module:Regression(forget_scheduler=True)'")
-TIMEOUT_HELP = "seconds after which a run is killed and the check ends in ERROR (default: 120)"
+TIMEOUT_HELP = "seconds the whole check may take, all its runs included, before it ends in ERROR (default: 120)"
+SCRIPT_TIMEOUT_HELP = "seconds the whole check may take, every run of the script included (default: 600)"
 JSON_HELP = "also write the result as JSON to FILE (checked to be writable before the check runs)"
 
 
@@ -156,7 +157,7 @@ def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Res
                          f"got {type(returned).__name__}")
     ranks, policy, *sample_ids = returned
     return check_coverage(ranks, policy=policy, sample_ids=sample_ids[0] if sample_ids else None,
-                          max_violations=args.max_violations)
+                          max_violations=args.max_violations, timeout=args.timeout)
 
 
 def _run_resume_script(args: argparse.Namespace) -> Result:
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run is ended after the script's first checkpoint at or after optimizer step K (default: 3)")
     add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
     add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
-    add("--timeout", type=float, default=600.0, metavar="S", help="seconds each run may take (default: 600)")
+    add("--timeout", type=float, default=600.0, metavar="S", help=SCRIPT_TIMEOUT_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
 
     equivalent = commands.add_parser(
@@ -311,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, required=True, help="optimizer steps compared")
     add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
     add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
-    add("--timeout", type=float, default=600.0, metavar="S", help="seconds each run may take (default: 600)")
+    add("--timeout", type=float, default=600.0, metavar="S", help=SCRIPT_TIMEOUT_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
 
     coverage = _command(commands, "coverage", "sample coverage: audit the sample IDs ranks read against a policy",
@@ -323,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
     add("--max-violations", type=int, default=None, metavar="N",
         help="list at most N violations (default: 1,000,000; the notes count them all)")
+    add("--timeout", type=float, default=None, metavar="S",
+        help="seconds the reading of the iterables may take before the check ends in ERROR (default: no limit)")
     return parser
 
 

@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "interpreters (spawn) or the test process (inprocess) (default: each check's own; a check "
                          "that cannot run in-process keeps its own)")
     group.addoption("--trainparity-timeout", type=float, default=None, metavar="SECONDS",
-                    help="seconds after which a check's run is killed, an ERROR "
+                    help="seconds a whole check may take, all its runs included, before it ends in ERROR "
                          f"(default: {_session.BUILTIN.timeout:g})")
     group.addoption("--trainparity-precision", choices=("float64", "native"), default=None,
                     help="precision of the accumulation and data-parallel checks (default: float64)")

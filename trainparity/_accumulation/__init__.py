@@ -26,7 +26,7 @@ from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
 from trainparity._process import _session
 from trainparity._process._engine import Job, first_error, run_jobs
-from trainparity._process._options import Isolation
+from trainparity._process._options import Deadline, Isolation
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
@@ -116,9 +116,10 @@ def check_accumulation(
     unless `disable_dropout=False`. A BatchNorm-like layer in training mode really makes
     micro-batches differ: the divergence FAILs with `batch_dependent_layer`, unless
     `batch_dependent="eval"` runs those layers in eval mode. `isolation` is "inprocess"
-    (default), "process" or "spawn"; `timeout` bounds each run in a child process (default
-    120 s). `precision`, `isolation` and `timeout` left at None take the session's defaults
-    (`--trainparity-*` under pytest). Never raises for a FAIL; misuse raises TypeError/ValueError.
+    (default), "process" or "spawn"; `timeout` bounds the whole check, both runs and their process
+    starts (default 120 s; a run in this process is interrupted at it, see docs/api.md). `precision`,
+    `isolation` and `timeout` left at None take the session's defaults (`--trainparity-*` under pytest).
+    Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
     ref = resolve_recipe(recipe)
     declared_microbatches = validate_microbatches(microbatches)
@@ -126,7 +127,7 @@ def check_accumulation(
     declared = None if comparison is None else resolve_comparison(comparison)
     precision = _session.precision(precision)
     isolation = _session.isolation(isolation, "inprocess")
-    timeout = _session.timeout(timeout)
+    deadline = Deadline.after(_session.timeout(timeout))
     cycles = _validate(cycles, seed, split, isolation, disable_dropout, batch_dependent)
     _require_accumulation_parameter(recipe, ref)
     config: dict[str, JsonValue] = {
@@ -145,8 +146,9 @@ def check_accumulation(
     sent = split if split is None or isolation == "inprocess" else _split_reference(split)
     candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
     outcomes = run_jobs(
-        [Job(TASK, reference, "reference", timeout, decode=AccumulationTrace.from_wire),
-         Job(TASK, candidate, "candidate", timeout, decode=AccumulationTrace.from_wire)],
+        [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
+         Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire)],
+        deadline=deadline,
         isolation=isolation,
     )
     failed = first_error(outcomes)

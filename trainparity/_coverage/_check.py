@@ -10,6 +10,7 @@ is an ERROR result; IDs that are not ints or strings are a TypeError naming the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
@@ -31,7 +32,7 @@ from trainparity._coverage._audit import (
     Plan,
     audit,
 )
-from trainparity._coverage._collect import UserCodeFailed, Window, collect
+from trainparity._coverage._collect import ReadingTimedOut, UserCodeFailed, Window, collect
 from trainparity._coverage._policy import (
     AtLeastOnce,
     CoveragePolicy,
@@ -45,6 +46,8 @@ from trainparity._coverage._policy import (
 from trainparity._coverage._record import CoverageRecorder
 from trainparity._coverage._universe import Universe
 from trainparity._process import _session
+from trainparity._process._alarm import interrupted_at
+from trainparity._process._options import Deadline
 from trainparity._results._result import CoverageResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
 
@@ -64,6 +67,7 @@ def check_coverage(
     policy: Policies,
     sample_ids: Callable[[Any], Any] | None = None,
     max_violations: int | None = None,
+    timeout: float | None = None,
 ) -> CoverageResult:
     """Audit which sample IDs each rank observed against `policy`. Never raises for a FAIL.
 
@@ -75,8 +79,11 @@ def check_coverage(
     extracts a batch's IDs (default: the batch is the IDs; a lone int or string is one ID);
     a `tp.WorkerBatch` is unwrapped first. `max_violations` stops listing violations after the
     first n in observation order (the notes then give the counts of all); None lists at most
-    `DEFAULT_MAX_VIOLATIONS` (1,000,000).
+    `DEFAULT_MAX_VIOLATIONS` (1,000,000). `timeout` bounds the reading of the iterables, which runs in this
+    process: past it the reading is interrupted (on the main thread; see docs/api.md) and the check ends in
+    ERROR. None (the default, whatever the session's default) reads them to their end, however long.
     """
+    deadline = None if timeout is None else Deadline.after(timeout)
     policies = resolve_policies(policy)
     if sample_ids is not None and not callable(sample_ids):
         raise TypeError(f"sample_ids= must be a function batch -> IDs, got {type(sample_ids).__name__}")
@@ -101,9 +108,13 @@ def check_coverage(
     if not plan.judges_anything:  # decided before reading anything: the input may be an endless stream
         return CoverageResult(Outcome.ABSTAIN, [], [], config, reason="; ".join(abstained))
     try:
-        observations = collect(windows, sample_ids)
+        with contextlib.nullcontext() if deadline is None else interrupted_at(deadline):
+            observations = collect(windows, sample_ids)
     except UserCodeFailed as failure:
         return failure.result(config)
+    except ReadingTimedOut as late:
+        assert deadline is not None
+        return late.result(config, deadline)
     findings, coded = audit(observations, plan)
     limit = DEFAULT_MAX_VIOLATIONS if max_violations is None else max_violations
     violations = _violations(findings, observations, coded, plan.universe, limit)

@@ -27,6 +27,8 @@ import torch
 from trainparity._batches._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
+from trainparity._process._alarm import DeadlinePassed
+from trainparity._process._options import Deadline
 from trainparity._results._result import CoverageResult
 from trainparity._results._violation import ChildError, JsonValue
 
@@ -54,6 +56,20 @@ class UserCodeFailed(Exception):
         return CoverageResult.errored(error, config, self.error)
 
 
+class ReadingTimedOut(Exception):
+    """The check's timeout passed while the user's iterables were read: the check ends in ERROR."""
+
+    def __init__(self, interruption: DeadlinePassed, phase: str, rank: int) -> None:
+        super().__init__(phase)
+        self.stack, self.phase, self.rank = interruption.stack(), phase, rank
+        release_frames(interruption)
+
+    def result(self, config: dict[str, JsonValue], deadline: Deadline) -> CoverageResult:
+        error = ChildError("timeout", self.phase, f"did not finish reading within {deadline.describe()}: the "
+                           "iterable was interrupted there", traceback=self.stack, rank=self.rank)
+        return CoverageResult.errored(error, config)
+
+
 def release_frames(error: BaseException) -> None:
     """Clear the local variables of the frames that `error` and its causes keep (their lines stay).
 
@@ -71,14 +87,19 @@ def release_frames(error: BaseException) -> None:
         pending += [current.__cause__, current.__context__]
 
 
-def _release(iterator: Any, iterable: Any, finished: bool) -> None:
+def _release(iterator: Any, iterable: Any, finished: bool, late: bool) -> None:
     """Let go of a rank's iterator: close a generator; shut down the workers of a DataLoader iterator that did
-    not finish, unless it is the loader's persistent iterator (the loader owns those workers and reuses them)."""
+    not finish, unless it is the loader's persistent iterator (the loader owns those workers and reuses them).
+    `late`: the check's timeout has passed, so the workers are killed at once instead of being asked to stop
+    (a worker stuck in `__getitem__` would hold the shutdown for seconds)."""
     with contextlib.suppress(Exception):  # the error being reported matters more than one raised in cleanup
         if isinstance(iterator, types.GeneratorType):
             iterator.close()
         elif not finished and callable(getattr(iterator, "_shutdown_workers", None)) \
-                and getattr(iterable, "_iterator", None) is not iterator:
+                and (late or getattr(iterable, "_iterator", None) is not iterator):
+            if late:
+                for worker in getattr(iterator, "_workers", ()):
+                    worker.kill()
             iterator._shutdown_workers()
 
 
@@ -203,7 +224,7 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
             first_id, first_batch = streams.size, len(streams.batch_starts)
             iterable: Any = None
             iterator: Any = None
-            finished = False
+            finished = late = False
             try:
                 try:
                     iterable = mapping[rank]
@@ -212,9 +233,12 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
                     raise UserCodeFailed(error, phase, int(rank)) from error
                 streams.read(iterator, sample_ids, phase, int(rank))
                 finished = True
+            except DeadlinePassed as interruption:
+                late = True
+                raise ReadingTimedOut(interruption, phase, int(rank)) from None
             finally:
                 # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
-                _release(iterator, iterable, finished)
+                _release(iterator, iterable, finished, late)
                 del iterator, iterable
             pieces.append((groups[window], int(rank), window, first_id, streams.size, first_batch,
                            len(streams.batch_starts)))

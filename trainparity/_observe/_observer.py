@@ -120,6 +120,8 @@ class Observer(HookSet):
         self.unscaled: set[str] = set()
         #: optimizers whose running `step()` only creates their state (`creates_state`)
         self._creating_state: set[str] = set()
+        #: optimizers whose running `step(closure)` computes its gradients: they are read in the post-hook
+        self._closure_steps: set[str] = set()
         self.call: CallRecord | None = None
         self.call_index = 0
         self.step_events: dict[str, list[StepEvent]] = {entry: [] for entry in self.optimizers}
@@ -245,7 +247,11 @@ class Observer(HookSet):
         if self.call is None:
             return
         scale = self._scale_of(entry)
-        grads = {name: grad_copy(p.grad, scale) for name, p in self.optimizer_parameters[entry]}
+        # A closure (`optimizer.step(closure)`) computes the gradients inside the step: they are read after it.
+        closure = args[0] if args else kwargs.get("closure")
+        grads = {} if closure is not None else self._grads(entry, scale)
+        if closure is not None:
+            self._closure_steps.add(entry)
         pre_clip: dict[str, torch.Tensor] = {}
         for record in self._clip_records:
             for name, grad in record.items():
@@ -265,10 +271,17 @@ class Observer(HookSet):
             order=self._steps_seen,
         ))
 
+    def _grads(self, entry: str, scale: float | None) -> dict[str, torch.Tensor | None]:
+        return {name: grad_copy(p.grad, scale) for name, p in self.optimizer_parameters[entry]}
+
     def _after_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if entry in self._creating_state:
             self._creating_state.discard(entry)
             return
+        if entry in self._closure_steps:
+            self._closure_steps.discard(entry)
+            event = self.step_events[entry][-1]
+            event.grads = self._grads(entry, event.scale if event.scaled else None)
         self.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1

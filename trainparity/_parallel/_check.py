@@ -29,7 +29,7 @@ from trainparity._parallel._rank import REFERENCE, RankPayload
 from trainparity._parallel._trace import RankTrace
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
-from trainparity._process._options import Isolation
+from trainparity._process._options import Deadline, Isolation
 from trainparity._process._world import validate_backend, world_isolation
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import DataParallelResult
@@ -87,7 +87,7 @@ def check_data_parallel(
     world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
     declared = None if comparison is None else resolve_comparison(comparison)
     precision = _session.precision(precision)
-    timeout = _session.timeout(timeout)
+    deadline = Deadline.after(_session.timeout(timeout))
     isolation = world_isolation(isolation, backend)
     config: dict[str, Any] = {
         "recipe": ref.name,
@@ -102,11 +102,11 @@ def check_data_parallel(
     with scratch_directory("trainparity-dp-") as scratch:
         def job(rank: int, size: int, tag: str) -> Job:
             payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), precision)
-            return Job(TASK, payload, tag, timeout, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
+            return Job(TASK, payload, tag, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
-        outcomes = run_jobs(jobs, isolation=isolation, concurrency=len(jobs), on_failure="all")
-        error = _first_error(outcomes, timeout)
+        outcomes = run_jobs(jobs, deadline=deadline, isolation=isolation, concurrency=len(jobs), on_failure="all")
+        error = _first_error(outcomes, deadline)
     if error is not None:
         result = DataParallelResult.errored(error, config)
         hint = dtype_error_hint(error.message) if precision == "float64" else None
@@ -119,7 +119,7 @@ def check_data_parallel(
     return judge_data_parallel(reference, ranks, effective_comparison(declared, precision), config)
 
 
-def _first_error(outcomes: Sequence[JobOutcome], timeout: float) -> ChildError | None:
+def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline) -> ChildError | None:
     """The failure that ended the check; on a timeout, with the stacks of every process."""
     failed = first_failure(outcomes)
     if failed is None or failed.error is None:
@@ -130,7 +130,7 @@ def _first_error(outcomes: Sequence[JobOutcome], timeout: float) -> ChildError |
     stacks = [f"{o.phase}:\n{o.error.traceback}" for o in outcomes if o.error is not None and o.error.traceback]
     return dataclasses.replace(
         error,
-        message=f"did not finish within timeout={timeout:g} s (a process that hangs, e.g. in a collective that "
+        message=f"did not finish within {deadline.describe()} (a process that hangs, e.g. in a collective that "
         "never completes, blocks the others); every process of the check was killed",
         traceback="Stacks of every process shortly before the timeout (most recent call first):\n"
         + "\n".join(stacks),

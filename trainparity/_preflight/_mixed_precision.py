@@ -212,8 +212,11 @@ def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]
                 f"Optimizer '{direct.optimizer}' stepped in step {n} on gradients holding an inf or a NaN (of "
                 f"{', '.join(direct.nonfinite)}): the parameters it updates become non-finite; {guard}.",
                 step=n, cause="nonfinite_grads_stepped"))
+    # Named by the earliest cause this step shows: the step that consumed non-finite gradients, else the loss.
+    cause = ("nonfinite_grads_stepped" if any(direct.nonfinite for direct in step.direct()) else
+             "nonfinite_loss" if not finite_number(step.loss) else "nonfinite_params")
     found += [Violation("nonfinite_params", f"parameters.{name}", f"Parameter '{name}' holds an inf or a NaN after "
-                        f"step {n}.", step=n, cause="nonfinite_params") for name in step.nonfinite_params]
+                        f"step {n}.", step=n, cause=cause) for name in step.nonfinite_params]
     for scaler_step in step.scaler_steps:
         if scaler_step.scale_after is None and scaler is not None:
             found.append(Violation(

@@ -20,6 +20,7 @@ from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, run_jobs
+from trainparity._process._options import Deadline
 from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._violation import JsonValue, Violation
@@ -44,7 +45,8 @@ class Preflight:
     payload: PreflightPayload
     config: dict[str, JsonValue]
     isolation: str
-    timeout: float
+    #: the check's, from the moment its arguments were validated
+    deadline: Deadline
 
     @classmethod
     def prepare(cls, recipe: RecipeSpec, *, steps: object, minimum_steps: int, seed: object, isolation: object,
@@ -56,12 +58,12 @@ class Preflight:
         seed = validate_seed(seed)
         chosen = _session.isolation(isolation, "inprocess")
         config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
-        return cls(PreflightPayload(ref, steps, seed), config, chosen, _session.timeout(timeout))
+        return cls(PreflightPayload(ref, steps, seed), config, chosen, Deadline.after(_session.timeout(timeout)))
 
     def run(self, task: str, decode: Callable[[dict[str, Any]], T]) -> JobOutcome:
         """Run `task` on the payload; the outcome's output is the decoded trace, or its error."""
-        job = Job(task, self.payload, "training", self.timeout, decode=decode)
-        return run_jobs([job], isolation=self.isolation)[0]
+        job = Job(task, self.payload, "training", decode=decode)
+        return run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
 
 
 @contextlib.contextmanager

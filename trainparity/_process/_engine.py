@@ -10,8 +10,10 @@ Written once, used by every check that needs processes. Three isolations:
 The engine owns each child's whole life: it sends the request through a pipe (the parent's
 environment never rests on disk), kills the child's whole tree (`_tree.kill_tree`) on
 timeout, on a peer's failure, on Ctrl-C or SIGTERM, and after a normal exit (what the child
-left running), waits until the kill is confirmed, and removes the temporary directory. A
-check past its timeout returns within about a second of it. Children write their output in
+left running), waits until the kill is confirmed, and removes the temporary directory. Every job of
+a call, and every call of one check, shares the check's `Deadline` (its whole `timeout`, the fork
+server's start included), so a check past its timeout returns within about a second and a half of it;
+a run in this process is interrupted at the deadline (`_alarm`). Children write their output in
 the `_wire` format (JSON and raw bytes: reading it cannot run code); output that cannot be
 read or decoded is an error of kind "corrupt", and a hang or a crash comes with faulthandler's
 stacks.
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainparity._process import _wire as wire
+from trainparity._process._alarm import DeadlinePassed, can_interrupt, interrupted_at
 from trainparity._process._child import (
     ERROR_FILE,
     JOB_DIRECTORY,
@@ -49,6 +52,7 @@ from trainparity._process._child import (
     load_task,
 )
 from trainparity._process._launchers import SERVER, SERVER_LOCK, ForkServer, Spawner
+from trainparity._process._options import Deadline
 from trainparity._process._session import refuse_processes_while_importing
 from trainparity._results._violation import ChildError
 
@@ -64,7 +68,6 @@ class Job:
     payload: Any
     #: names the run in reports: "baseline", "resumed", "rank 1", ...
     phase: str
-    timeout: float
     rank: int | None = None
     #: index (in the same run_jobs call) of a job that must succeed before this one starts
     after: int | None = None
@@ -164,7 +167,8 @@ FAILURE_POLICIES = ("continue", "later", "all")
 
 
 def run_jobs(
-    jobs: Sequence[Job], *, isolation: str = "process", concurrency: int | None = None, on_failure: str = "continue"
+    jobs: Sequence[Job], *, deadline: Deadline, isolation: str = "process", concurrency: int | None = None,
+    on_failure: str = "continue",
 ) -> list[JobOutcome]:
     """Run `jobs` (concurrently where cores allow) and return their outcomes in order.
 
@@ -173,8 +177,9 @@ def run_jobs(
     error is the one reported, whichever ended first. `on_failure="all"` kills every other
     job (ranks of one distributed run wait on each other forever otherwise). Those are
     reported with kind "abandoned", the failed job carries the error; `first_error` picks
-    the error to report. Jobs without `after` share one deadline, `timeout` seconds after
-    the call; a job with `after` has its timeout from its own start.
+    the error to report. Every job ends by `deadline`, the check's: a job still running then is
+    killed (in this process: interrupted) and reported as a timeout, and a job not started by then
+    is abandoned; the fork server's start counts too.
     """
     if on_failure not in FAILURE_POLICIES:
         raise ValueError(f"on_failure must be one of {FAILURE_POLICIES}, got {on_failure!r}")
@@ -188,27 +193,56 @@ def run_jobs(
         for job in jobs:
             before = None if job.after is None else done[job.after]
             if before is not None and before.error is not None:
-                error = ChildError("abandoned", job.phase, f"not started: {before.phase} failed", rank=job.rank)
-                done.append(JobOutcome(job.phase, None, error))
+                done.append(_abandoned(job, f"not started: {before.phase} failed"))
+            elif deadline.remaining() <= 0:
+                done.append(_abandoned(job, f"not started: the check's {deadline.describe()} had passed"))
             else:
-                done.append(_run_inprocess(job))
+                done.append(_run_inprocess(job, deadline))
         return done
     with scratch_directory("trainparity-") as workroot, _sigterm_cleans_up(), SERVER_LOCK:
         launcher = SERVER if isolation == "process" else Spawner()
         if launcher is SERVER:
-            SERVER.ensure_running()  # before the clock starts: the server's warm-up is not the jobs' time
-        batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), on_failure)
+            try:
+                SERVER.ensure_running(deadline.at)
+            except TimeoutError:
+                return _server_not_ready(jobs, deadline)
+        batch = _Batch(jobs, workroot, launcher, concurrency or max(1, os.cpu_count() or 1), on_failure, deadline)
         return batch.run()
 
 
-def _run_inprocess(job: Job) -> JobOutcome:
+def _timeout(job: Job, deadline: Deadline, what: str) -> ChildError:
+    return ChildError("timeout", job.phase, f"did not finish within {deadline.describe()}, the limit of the whole "
+                      f"check (all its runs); {what}", rank=job.rank)
+
+
+def _abandoned(job: Job, why: str) -> JobOutcome:
+    return JobOutcome(job.phase, None, ChildError("abandoned", job.phase, why, rank=job.rank))
+
+
+def _server_not_ready(jobs: Sequence[Job], deadline: Deadline) -> list[JobOutcome]:
+    """The outcomes of jobs that never started: the fork server was still starting at the deadline (it goes on
+    starting, and a later check uses it)."""
+    first = JobOutcome(jobs[0].phase, None, _timeout(jobs[0], deadline, "it never started: the fork server, which "
+                       "imports torch once for every check of this process, was still starting"), failed_at=deadline.at)
+    return [first, *(_abandoned(job, "not started: the fork server was still starting") for job in jobs[1:])]
+
+
+def _run_inprocess(job: Job, deadline: Deadline) -> JobOutcome:
     with scratch_directory("trainparity-") as workdir:
         try:
-            output = load_task(job.task)(job.payload, workdir)
+            with interrupted_at(deadline):
+                output = load_task(job.task)(job.payload, workdir)
+        except DeadlinePassed as interruption:
+            error = _timeout(job, deadline, "it was interrupted in this process (isolation='inprocess')")
+            return JobOutcome(job.phase, None, dataclasses.replace(error, traceback=interruption.stack()),
+                              failed_at=deadline.at)
         except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
             record = error_record(error)
             return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank), exception=error,
                               failed_at=record["raised_at"])
+    if deadline.remaining() <= 0 and not can_interrupt():  # nothing interrupted it: its time was up all the same
+        return JobOutcome(job.phase, None, _timeout(job, deadline, "it ran in this process off the main thread, "
+                          "where it cannot be interrupted, and returned late"), failed_at=deadline.at)
     return _decoded(job, output)
 
 
@@ -281,7 +315,7 @@ class _Batch:
     """One run_jobs call over processes: launches, deadlines, exits, kills and their confirmation."""
 
     def __init__(self, jobs: Sequence[Job], workroot: pathlib.Path, launcher: ForkServer | Spawner,
-                 concurrency: int, on_failure: str) -> None:
+                 concurrency: int, on_failure: str, deadline: Deadline) -> None:
         self.jobs = jobs
         self.workroot = workroot
         self.launcher = launcher
@@ -292,7 +326,7 @@ class _Batch:
         self.running: dict[str, _Running] = {}
         #: killed children whose end is not confirmed yet
         self.dying: dict[str, _Running] = {}
-        self.started = time.monotonic()
+        self.deadline = deadline
         #: the same for every job of the call, whatever ran beside it, so that their numbers agree
         self.threads = max(1, (os.cpu_count() or 1) // min(concurrency, len(jobs)))
 
@@ -317,23 +351,29 @@ class _Batch:
                 continue
             if before is not None and before.error is not None:
                 self.pending.remove(index)
-                self.outcomes[index] = self._abandoned(job, f"not started: {before.phase} failed")
+                self.outcomes[index] = _abandoned(job, f"not started: {before.phase} failed")
             elif len(self.running) < self.concurrency:
                 self.pending.remove(index)
-                self._launch(index, job, time.monotonic() if job.after is not None else self.started)
+                self._launch(index, job)
             if self._expire():  # launching thousands of ranks takes seconds: deadlines hold meanwhile
                 return
 
-    def _launch(self, index: int, job: Job, clock_start: float) -> None:
+    def _launch(self, index: int, job: Job) -> None:
         key = f"{self.workroot.name}.{index}"
         workdir = self.workroot / f"job{index}"
         workdir.mkdir()
-        deadline = clock_start + job.timeout
+        deadline = self.deadline.at
         request = Request(job.task, job.payload, str(workdir), list(sys.path), os.getcwd(), dict(os.environ), key,
-                          deadline - min(1.0, job.timeout / 10), self.threads)
+                          deadline - min(1.0, self.deadline.timeout / 10), self.threads)
         self.running[key] = _Running(index, key, workdir, deadline)
         if job.command is None:
-            self.launcher.start(key, pickle.dumps(request))
+            try:
+                self.launcher.start(key, pickle.dumps(request))
+            except RuntimeError as error:  # the fork server died (the machine killed it): this run never started
+                del self.running[key]
+                self.outcomes[index] = JobOutcome(job.phase, None, ChildError("died", job.phase, str(error),
+                                                                              rank=job.rank))
+                self._abandon(index, f"not started: {error}")
         else:
             assert isinstance(self.launcher, Spawner), "a command job runs with isolation='spawn'"
             self.launcher.start_command(key, job.command, {**dict(job.env), JOB_DIRECTORY: str(workdir)}, job.cwd)
@@ -366,10 +406,7 @@ class _Batch:
             if item.key not in self.running:  # abandoned by an earlier one's timeout
                 continue
             job = self.jobs[item.index]
-            self._kill(item.key, ChildError(
-                "timeout", job.phase, f"did not finish within timeout={job.timeout:g} s; its process tree was killed",
-                rank=job.rank,
-            ))
+            self._kill(item.key, _timeout(job, self.deadline, "its process tree was killed"))
             self._abandon(item.index, f"killed after {job.phase} timed out")
         return bool(late)
 
@@ -391,12 +428,8 @@ class _Batch:
                 job = self.jobs[item.index]
                 self._kill(key, ChildError("abandoned", job.phase, why, rank=job.rank))
         for index in [i for i in self.pending if i >= first]:
-            self.outcomes[index] = self._abandoned(self.jobs[index], f"not started: {why}")
+            self.outcomes[index] = _abandoned(self.jobs[index], f"not started: {why}")
             self.pending.remove(index)
-
-    @staticmethod
-    def _abandoned(job: Job, why: str) -> JobOutcome:
-        return JobOutcome(job.phase, None, ChildError("abandoned", job.phase, why, rank=job.rank))
 
     def _confirm_kills(self) -> None:
         """Wait (bounded) until every killed child is confirmed gone, so that nothing is left running."""

@@ -46,24 +46,41 @@ class ForkServer:
         self._buffer = b""
         #: jobs sent to the server whose exit it has not reported yet
         self._live: set[str] = set()
+        #: whether the server said READY; until then it is starting (`_started`, monotonic)
+        self._ready = False
+        self._started = 0.0
 
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None and self._owner == os.getpid()
 
-    def ensure_running(self) -> None:
-        if self.running():
+    def ensure_running(self, until: float) -> None:
+        """Start the server unless it runs, and wait until it is ready or `until` (monotonic) passes: then
+        TimeoutError, and the server goes on starting for the next caller. RuntimeError if it cannot start."""
+        if not self.running():
+            package_root = str(pathlib.Path(__file__).resolve().parents[2])
+            code = (f"import sys; sys.path.insert(0, {package_root!r}); "
+                    "from trainparity._process._forkserver import serve; serve()")
+            self._owner = os.getpid()
+            self._buffer = b""
+            self._live = set()
+            self._ready = False
+            self._started = time.monotonic()
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+            )
+        if self._ready:
             return
-        package_root = str(pathlib.Path(__file__).resolve().parents[2])
-        code = (f"import sys; sys.path.insert(0, {package_root!r}); "
-                "from trainparity._process._forkserver import serve; serve()")
-        self._owner = os.getpid()
-        self._buffer = b""
-        self._live = set()
-        self._process = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
-        )
-        if self._next_line(time.monotonic() + SERVER_START_TIMEOUT) != ["READY"]:
-            raise RuntimeError("the trainparity fork server did not start")
+        given_up = self._started + SERVER_START_TIMEOUT
+        try:
+            line = self._next_line(min(until, given_up))
+        except TimeoutError:
+            if time.monotonic() < given_up:
+                raise
+            self.shutdown()
+            raise RuntimeError(f"the trainparity fork server did not start within {SERVER_START_TIMEOUT:g} s") from None
+        if line != ["READY"]:
+            raise RuntimeError(f"the trainparity fork server did not start (it said {' '.join(line)!r})")
+        self._ready = True
 
     def shutdown(self) -> None:
         process, self._process = self._process, None
@@ -88,7 +105,9 @@ class ForkServer:
                 data = data[os.write(fd, data):]
 
     def start(self, job: str, request: bytes) -> None:
-        self.ensure_running()
+        """Send a job to the running server (`ensure_running` first); RuntimeError if it has exited since."""
+        if not (self.running() and self._ready):
+            raise RuntimeError("the trainparity fork server exited during the check")
         self._live.add(job)  # before the line is sent: an interrupted launch is still killed and awaited
         self._send(f"RUN {job} {base64.b64encode(request).decode()}")
 
@@ -180,7 +199,7 @@ atexit.register(SERVER.shutdown)
 def warm_up() -> None:
     """Start the fork server now (it is otherwise started by the first check that needs it)."""
     with SERVER_LOCK:
-        SERVER.ensure_running()
+        SERVER.ensure_running(time.monotonic() + SERVER_START_TIMEOUT)
 
 
 def shutdown() -> None:

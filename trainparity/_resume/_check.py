@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from trainparity._process import _session
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
-from trainparity._process._options import Isolation
+from trainparity._process._options import Deadline, Isolation
 from trainparity._process._world import World, validate_backend, world_isolation
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
@@ -79,8 +79,10 @@ def check_resume(
 
     `resume_at` defaults to `steps // 2`. `isolation` is "process" (a child of the warmed
     fork server; the default), "spawn" (a new interpreter) or "inprocess" (no isolation, for
-    debugging). `timeout` bounds each run (default 120 s). Left at None, both take the session's
-    defaults (`--trainparity-isolation`, `--trainparity-timeout` under pytest).
+    debugging). `timeout` bounds the whole check: its runs, the reruns that fetch the values a report
+    shows, and their process starts (default 120 s); a check past it ends in ERROR within about two
+    seconds. Left at None, both take the session's defaults (`--trainparity-isolation`,
+    `--trainparity-timeout` under pytest).
 
     With `world_size > 1`, every run is a world of real torch.distributed ranks (`backend`), which
     the recipe joins before `setup()` as under torchrun, and saves and loads with its own code (for
@@ -109,7 +111,7 @@ def check_resume(
         precision = "native"
     precision = _session.precision(precision)
     judged = effective_comparison(declared, precision)
-    timeout = _session.timeout(timeout)
+    deadline = Deadline.after(_session.timeout(timeout))
     isolation = world_isolation(isolation, backend) if ranked else _session.isolation(isolation, "process")
     seed = validate_seed(seed)
     config: dict[str, Any] = {
@@ -128,7 +130,7 @@ def check_resume(
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
         run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
                            digests=isinstance(judged, ExactComparison), precision=precision)
-        runs = _Runs(timeout, isolation, backend, str(checkpoint_dir),
+        runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
                      (world_size, resume_world_size) if ranked else (0, 0))
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
@@ -184,7 +186,7 @@ class _Run(NamedTuple):
 class _Runs:
     """Launches the check's runs: single processes, or worlds of ranks merged into one trace each."""
 
-    timeout: float
+    deadline: Deadline
     isolation: Isolation
     backend: str
     scratch: str
@@ -208,17 +210,18 @@ class _Runs:
             starts.append(len(jobs))
             sizes.append(size)
             if size == 0:
-                jobs.append(Job(TASK, run.payload, run.phase, self.timeout, after=waits, decode=RunTrace.from_wire))
+                jobs.append(Job(TASK, run.payload, run.phase, after=waits, decode=RunTrace.from_wire))
                 continue
             # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
             self.started += 1
             store = f"{self.scratch}/store.{self.started}"
             jobs += [Job(TASK, dataclasses.replace(run.payload, world=World(self.backend, rank, size, store)),
-                         run.phase, self.timeout, rank=rank, after=waits, decode=RunTrace.from_wire)
+                         run.phase, rank=rank, after=waits, decode=RunTrace.from_wire)
                      for rank in range(size)]
         ranked = self.worlds != (0, 0)
         # The ranks of a world block in collectives when one of them fails: every job is ended at once.
-        outcomes = run_jobs(jobs, isolation=self.isolation, concurrency=len(jobs) if ranked else None,
+        outcomes = run_jobs(jobs, deadline=self.deadline, isolation=self.isolation,
+                            concurrency=len(jobs) if ranked else None,
                             on_failure="all" if ranked else "later")
         failed = first_failure(outcomes) if ranked else first_error(outcomes)
         if failed is not None:

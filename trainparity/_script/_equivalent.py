@@ -21,8 +21,8 @@ import torch
 
 from trainparity._accumulation._diagnoses import close, norm
 from trainparity._process import _session
-from trainparity._process._engine import run_jobs, scratch_directory
-from trainparity._process._options import validate_timeout
+from trainparity._process._engine import scratch_directory
+from trainparity._process._options import Deadline
 from trainparity._results._result import RunsResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._trace import RunTrace, StepRecord
@@ -54,16 +54,16 @@ def check_runs_equivalent(
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps= must be an int >= 1 (optimizer steps), got {steps!r}")
     declared = resolve_comparison(comparison)
-    timeout = validate_timeout(timeout)
+    deadline = Deadline.after(timeout)
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),
                               "steps": steps, "comparison": declared.describe()}
     with scratch_directory("trainparity-runs-") as root:
-        job = ScriptRuns(root, timeout, parse_environment(env), cwd).job
+        runs = ScriptRuns(root, deadline, parse_environment(env), cwd)
+        job = runs.job
         run = ScriptRun("baseline", steps, steps, 1, gradients=True)
-        outcomes = run_jobs([job("reference", reference_command, "reference", run),
+        outcomes = runs.run([job("reference", reference_command, "reference", run),
                              job("reference (repeat)", reference_command, "repeat", run),
-                             job("candidate", candidate_command, "candidate", run)],
-                            isolation="spawn", on_failure="later")
+                             job("candidate", candidate_command, "candidate", run)])
     error = run_error(outcomes, steps, steps)
     if error is not None:
         return RunsResult.errored(error, config)

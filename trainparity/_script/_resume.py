@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainparity._process import _session
-from trainparity._process._engine import run_jobs, scratch_directory
-from trainparity._process._options import validate_timeout
+from trainparity._process._engine import scratch_directory
+from trainparity._process._options import Deadline
 from trainparity._results._result import ResumeResult
 from trainparity._results._violation import ChildError
 from trainparity._resume._judge import judge_resume
@@ -56,13 +56,14 @@ def check_resume_script(
     wrote (both a string split like a shell, or a list). `{workdir}` in either is a fresh
     directory per run chain: the interrupted and the resumed run share one, each baseline has
     its own. `env` adds environment variables; `cwd` defaults to the current directory.
-    `timeout` bounds each run. `trainparity.probe` lets the script name its batches' sample IDs
+    `timeout` bounds the whole check: its four runs, the reruns that fetch values for the report,
+    and their interpreters' start. `trainparity.probe` lets the script name its batches' sample IDs
     and more state to compare.
     """
     run_command, continue_command = parse_command(command, "command"), parse_command(resume_command, "resume_command")
     steps, resume_at = _validate(steps, resume_at)
     declared = resolve_comparison(comparison)
-    timeout = validate_timeout(timeout)
+    deadline = Deadline.after(timeout)
     variables = parse_environment(env)
     config: dict[str, Any] = {
         "command": shlex.join(run_command),
@@ -72,17 +73,18 @@ def check_resume_script(
         "comparison": declared.describe(),
     }
     with scratch_directory("trainparity-script-") as chains:
-        job = ScriptRuns(chains, timeout, variables, cwd).job
+        runs = ScriptRuns(chains, deadline, variables, cwd)
+        job = runs.job
         handoff = str(chains / "saved-at")
         # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
         # exited, while the baselines run beside them.
-        outcomes = run_jobs([
+        outcomes = runs.run([
             job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1, handoff=handoff)),
             job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),
             dataclasses.replace(job("resumed", continue_command, "resumed",
                                     ScriptRun("resumed", steps, resume_at, 0, handoff=handoff)), after=0),
             job("baseline (repeat)", run_command, "repeat", ScriptRun("baseline", steps, resume_at, 1)),
-        ], isolation="spawn", on_failure="later")
+        ])
         error = run_error(outcomes, steps, resume_at)
         if error is not None:
             return ResumeResult.errored(error, config)
@@ -100,7 +102,7 @@ def check_resume_script(
                 """The three runs again, in chains of their own, to step `last` with `whole` shipped whole."""
                 paths = tuple((step, tuple(sorted(names))) for step, names in whole)
                 again = str(chains / "saved-at.values")
-                rerun_outcomes = run_jobs([
+                rerun_outcomes = runs.run([
                     job("baseline (values)", run_command, "baseline-values",
                         ScriptRun("baseline", last, resume_at, 1, whole=paths)),
                     job("interrupted (values)", run_command, "resumed-values",
@@ -108,7 +110,7 @@ def check_resume_script(
                     dataclasses.replace(job("resumed (values)", continue_command, "resumed-values",
                                             ScriptRun("resumed", last, resume_at, 0, handoff=again, whole=paths)),
                                         after=1),
-                ], isolation="spawn", on_failure="later")
+                ])
                 failed = run_error(rerun_outcomes, last, resume_at)
                 return [o.output for o in rerun_outcomes], failed
 

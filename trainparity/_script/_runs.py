@@ -10,7 +10,8 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 
-from trainparity._process._engine import Job, JobOutcome, first_error
+from trainparity._process._engine import Job, JobOutcome, first_error, run_jobs
+from trainparity._process._options import Deadline
 from trainparity._results._violation import ChildError
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
@@ -45,11 +46,13 @@ def parse_environment(env: object) -> dict[str, str]:
 
 
 class ScriptRuns:
-    """Jobs that run a command as a script under observation, one fresh directory per run chain."""
+    """Jobs that run a command as a script under observation, one fresh directory per run chain, all within
+    the check's deadline."""
 
-    def __init__(self, root: pathlib.Path, timeout: float, env: dict[str, str], cwd: str | os.PathLike[str] | None):
+    def __init__(self, root: pathlib.Path, deadline: Deadline, env: dict[str, str],
+                 cwd: str | os.PathLike[str] | None):
         self.root = root
-        self.timeout = timeout
+        self.deadline = deadline
         self.env = env
         self.cwd = str(pathlib.Path(cwd or os.getcwd()).resolve())
 
@@ -58,8 +61,12 @@ class ScriptRuns:
         words = tuple(part.replace(WORKDIR, str(self.root / chain)) for part in parts)
         path = os.pathsep.join([str(SITE), str(PACKAGE_ROOT), *(p for p in sys.path if p)])
         variables = {**self.env, ENVIRONMENT: run.to_json(), "PYTHONPATH": path}
-        return Job("", None, phase, self.timeout, decode=RunTrace.from_wire, command=words,
+        return Job("", None, phase, decode=RunTrace.from_wire, command=words,
                    env=tuple(variables.items()), cwd=self.cwd)
+
+    def run(self, jobs: Sequence[Job]) -> list[JobOutcome]:
+        """Run `jobs` as fresh interpreters; a failed run abandons the runs after it (the earlier ones go on)."""
+        return run_jobs(jobs, deadline=self.deadline, isolation="spawn", on_failure="later")
 
 
 def run_error(outcomes: Sequence[JobOutcome], steps: int, resume_at: int) -> ChildError | None:
