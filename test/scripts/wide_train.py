@@ -1,7 +1,8 @@
 """A training script with tensors above trainparity's digest size, written for this project's tests.
 
-`--fault optimizer_not_saved` checkpoints the model alone, so AdamW's moments restart on `--resume`:
-the State at the load differs in tensors the check ships as digests.
+`--fault optimizer_not_saved` checkpoints the model alone, so AdamW's moments restart on `--resume`;
+`model_not_saved` the optimizer alone, so the weight restarts from its initialization: either way the State
+at the load differs in tensors the check ships as digests.
 """
 
 import argparse
@@ -15,7 +16,7 @@ from trainparity import probe
 parser = argparse.ArgumentParser()
 parser.add_argument("--out_dir", required=True)
 parser.add_argument("--resume", action="store_true")
-parser.add_argument("--fault", default="none", choices=["none", "optimizer_not_saved"])
+parser.add_argument("--fault", default="none", choices=["none", "optimizer_not_saved", "model_not_saved"])
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -27,7 +28,8 @@ path = os.path.join(args.out_dir, "checkpoint.pt")
 iteration = 0
 if args.resume:
     checkpoint = torch.load(path, weights_only=True)
-    model.load_state_dict(checkpoint["model"])
+    if "model" in checkpoint:
+        model.load_state_dict(checkpoint["model"])
     if "optimizer" in checkpoint:
         optimizer.load_state_dict(checkpoint["optimizer"])
     iteration = checkpoint["iteration"]
@@ -42,6 +44,8 @@ while iteration < 8:
     iteration += 1
     if iteration % 3 == 0:
         checkpoint = {"model": model.state_dict(), "iteration": iteration}
+        if args.fault == "model_not_saved":
+            del checkpoint["model"]
         if args.fault != "optimizer_not_saved":
             checkpoint["optimizer"] = optimizer.state_dict()
         torch.save(checkpoint, path)

@@ -1,9 +1,12 @@
 """The resume verdict: two uninterrupted baselines, the interrupted run and the resumed run, judged in order.
 
-In observation order: the State right after `load` against the State right after `save` (cause
-`not_restored`), then per resumed step the RNG streams at the start of the step, the batch's sample
-IDs, the loss and the State after the step against the baseline. Recipes' and scripts' runs are
-judged alike (`_script` builds the same traces).
+In observation order: what the resumed run restored (cause `not_restored`), then per resumed step the RNG
+streams at the start of the step, the batch's sample IDs, the loss and the State after the step against the
+baseline. What was restored is held against what the uninterrupted run had at the same point: a recipe's
+State right after `load` against the State right after `save` (nothing runs between them), a script's State
+at its first resumed backward or optimizer step against the baseline's at the same point (a scheduler or
+handler at the top of the iteration runs in both). Recipes' and scripts' runs are judged alike (`_script`
+builds the same traces).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from trainparity._results._result import ResumeResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._ranks import path_rank
 from trainparity._resume._trace import RunTrace, StepRecord, diff_steps
-from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_snapshots
+from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_leaves, compare_snapshots
 
 
 def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
@@ -65,6 +68,46 @@ def _data_cause(baseline: list[StepRecord], index: int, actual: list[int | str])
     return None, actual[position] if position < len(actual) else expected[position], position
 
 
+def _rng_causes(baseline: RunTrace, interrupted: RunTrace, resumed: RunTrace, script: bool) -> dict[str, RngCause]:
+    """What is known of each RNG stream of the save: whether the resumed run restored it, and how."""
+    saved, loaded = interrupted.saved, resumed.loaded
+    assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
+    causes: dict[str, RngCause] = {}
+    first = resumed.steps[0].rng if resumed.steps else {}
+    fresh = baseline.steps[0].rng if baseline.steps else {}
+    for path, value in saved.rng.items():
+        if path in loaded.rng:
+            causes[path] = RESTORED if compare_leaves(value, loaded.rng[path], EXACT) is None else (
+                RngCause("not_restored", "the state the resumed run restored is not the one the checkpoint saved."
+                         if script else "load() did not restore it."))
+        elif script and path in first and path in fresh and compare_leaves(first[path], fresh[path], EXACT) is None:
+            causes[path] = RngCause("not_restored", "the resumed run draws a fresh start's stream: at this step it "
+                                    "is where an uninterrupted run's is at step 1 (the checkpoint holds no RNG state "
+                                    "and the script seeds it again).")
+        elif script:
+            causes[path] = RngCause(None, "the checkpoint does not hold it, or the resumed script draws from it "
+                                    "differently.")
+    return causes
+
+
+@dataclasses.dataclass(frozen=True)
+class RngCause:
+    """Why an RNG stream may differ after the resume: its cause code, and the sentence the report says."""
+
+    cause: str | None
+    reason: str
+
+
+RESTORED = RngCause(None, "it was restored, then consumed between load() and this step (for example by a new "
+                    "DataLoader iterator drawing its base seed).")
+#: what a data violation says when the data pipeline drew from a stream the load had restored
+DRAWN_BY_THE_DATA = (
+    "{stream} was restored, then drawn by the data pipeline before this batch: a DataLoader or sampler that draws "
+    "its order (or its seed) from the global RNG shuffles anew when it is rebuilt on resume. Give it a generator "
+    "of its own, seeded from the epoch, or resume its position."
+)
+
+
 def judge_resume(
     baseline: RunTrace,
     repeat: RunTrace,
@@ -73,10 +116,12 @@ def judge_resume(
     resume_at: int,
     comparison: Comparison,
     config: dict[str, Any],
-    rng_at_load: bool = True,
+    script: bool = False,
 ) -> ResumeResult:
-    """The verdict on the four runs' traces. `rng_at_load=False` (a script) says that the RNG
-    streams right after the load were not observed, so an RNG divergence cannot be blamed on it."""
+    """The verdict on the four runs' traces. `script=True`: the runs are a script's, whose resumed State is
+    taken at its first backward or optimizer step (what it restored, after whatever code ran since the load),
+    and held against the baseline's at the same point of the same step; the RNG streams it restored are those
+    its checkpoint code set (`torch.set_rng_state`, ...)."""
     base, again, before, after = baseline.steps, repeat.steps, interrupted.steps, resumed.steps
     for other, what in ((again, "Two uninterrupted runs differ"),
                         (before, "The interrupted run differs from the uninterrupted one before the save")):
@@ -88,10 +133,14 @@ def judge_resume(
     notes: list[str] = []
     saved, loaded = interrupted.saved, resumed.loaded
     assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
-    for mismatch in compare_snapshots(saved.state, loaded.state, comparison):
-        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored",
-                                     "The State right after load() differs from the State right after save()."))
-    unrestored = {m.path for m in compare_snapshots(saved.rng, loaded.rng, EXACT)}
+    # What the resumed run restored, held against what the uninterrupted run had at the same point.
+    start = base[resume_at].start if script and len(base) > resume_at else None
+    expected, preface = (saved.state, "The State right after load() differs from the State right after save().") \
+        if start is None else (start, f"The State the resumed script restored differs from the uninterrupted run's at "
+                               f"the same point (the first backward or optimizer step of step {resume_at + 1}).")
+    for mismatch in compare_snapshots(expected, loaded.state, comparison):
+        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored", preface))
+    rng_causes = _rng_causes(baseline, interrupted, resumed, script)
     rng_first: dict[str, tuple[Violation, int]] = {}
     last_divergence = 0
     for index, record in enumerate(after, start=resume_at):
@@ -100,17 +149,12 @@ def judge_resume(
             mismatch = difference.mismatch
             if difference.aspect == "rng":
                 if mismatch.path not in rng_first:
-                    cause = "not_restored" if mismatch.path in unrestored else None
-                    preface = (
-                        "The RNG stream at the start of the step differs from uninterrupted training: "
-                        + ("load() did not restore it." if cause else
-                           "it was restored, then consumed between load() and this step (for example by a new "
-                           "DataLoader iterator drawing its base seed)." if rng_at_load else
-                           "the checkpoint does not hold it, or the resumed script draws from it differently.")
-                    )
+                    known = rng_causes.get(mismatch.path, RESTORED)
                     rng_first[mismatch.path] = (
                         _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
-                                                            None, None), step, cause, preface),
+                                                            None, None), step, known.cause,
+                                   "The RNG stream at the start of the step differs from uninterrupted training: "
+                                   + known.reason),
                         len(violations),
                     )
                 continue
@@ -118,8 +162,15 @@ def judge_resume(
             if difference.aspect == "data":
                 assert record.sample_ids is not None
                 cause, sample, position = _data_cause(base, index, record.sample_ids)
-                violation = _violation("data_mismatch", mismatch, step, cause,
-                                       "The resumed run trained on other samples than uninterrupted training.")
+                message = "The resumed run trained on other samples than uninterrupted training."
+                # A stream restored right, then drawn by the data pipeline: the data is what to fix, so it leads.
+                drawn = [path for path, (found, _) in rng_first.items() if found.step == step
+                         and rng_causes.get(path, RESTORED) is RESTORED] if cause is not None else []
+                if drawn:
+                    message += " " + DRAWN_BY_THE_DATA.format(stream=" and ".join(drawn))
+                    for path in drawn:
+                        rng_first[path] = (rng_first[path][0], len(violations) + 1)
+                violation = _violation("data_mismatch", mismatch, step, cause, message)
                 violations.append(dataclasses.replace(violation, sample_id=sample, position=position))
             elif difference.aspect == "loss":
                 violations.append(_violation("loss_mismatch", mismatch, step, None,
@@ -128,10 +179,12 @@ def judge_resume(
                 violations.append(_violation("state_mismatch", mismatch, step, None,
                                              "The State after the step differs from uninterrupted training."))
     # An RNG stream is blamed only when something diverged at or after the step it first differed.
-    for offset, (path, (violation, position)) in enumerate(sorted(rng_first.items(), key=lambda i: i[1][1])):
+    inserted = 0
+    for path, (violation, position) in sorted(rng_first.items(), key=lambda item: item[1][1]):
         assert violation.step is not None
         if last_divergence >= violation.step:
-            violations.insert(position + offset, violation)
+            violations.insert(position + inserted, violation)
+            inserted += 1
         else:
             notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
                          "but nothing else diverged: reported, not failed.")

@@ -33,21 +33,26 @@ class StepRecord:
     sample_ids: SampleIds | None
     loss: float | None
     state: Snapshot
+    #: a script's State at the step's first backward or optimizer step (None for recipes, whose load() hands back
+    #: the State before any of the step's code runs): what a resumed script's restored State is held against
+    start: Snapshot | None = None
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: dataclasses.asdict would deep-copy every tensor.
         return {"step": self.step, "rng": snapshot_to_wire(self.rng), "sample_ids": self.sample_ids,
-                "loss": self.loss, "state": snapshot_to_wire(self.state)}
+                "loss": self.loss, "state": snapshot_to_wire(self.state),
+                "start": None if self.start is None else snapshot_to_wire(self.start)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
-        ids, loss = data["sample_ids"], data["loss"]
+        ids, loss, start = data["sample_ids"], data["loss"], data["start"]
         return cls(
             step=_typed(data["step"], int, "step"),
             rng=_snapshot(data["rng"]),
             sample_ids=None if ids is None else _typed(ids, list, "sample_ids"),
             loss=None if loss is None else float(_typed(loss, (int, float), "loss")),
             state=_snapshot(data["state"]),
+            start=None if start is None else _snapshot(start),
         )
 
 

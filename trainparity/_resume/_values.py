@@ -49,7 +49,9 @@ def fetch_values(wanted: Wanted, traces: tuple[RunTrace, RunTrace, RunTrace], re
     that digest. Returns notes.
     """
     baseline, interrupted, resumed = traces
-    last = wanted.step if wanted.at_step else resume_at
+    # A script's restored State is held against the baseline's at the start of the next step: fetched there too.
+    start = baseline.steps[resume_at].start if wanted.boundary and len(baseline.steps) > resume_at else None
+    last = wanted.step if wanted.at_step else resume_at if start is None else resume_at + 1
     again, error = rerun(last, ((0, wanted.boundary), (wanted.step, wanted.at_step)))
     if error is not None:
         return [f"the values of the differing tensors could not be fetched ({error.headline()}): "
@@ -64,6 +66,9 @@ def fetch_values(wanted: Wanted, traces: tuple[RunTrace, RunTrace, RunTrace], re
         assert again_interrupted.saved is not None and again_resumed.loaded is not None
         pairs += [(interrupted.saved.state, again_interrupted.saved.state, wanted.boundary),
                   (resumed.loaded.state, again_resumed.loaded.state, wanted.boundary)]
+        again_start = again_baseline.steps[resume_at].start if len(again_baseline.steps) > resume_at else None
+        if start is not None:
+            pairs.append((start, again_start or {}, wanted.boundary))
     if all([_replace(known, fetched, paths) for known, fetched, paths in pairs]):
         return []
     return ["training again to fetch the values of the differing tensors gave other values than the first "

@@ -103,6 +103,14 @@ class Recorder:
         self.losses: list[float] = []
         self.rng: dict[str, Any] = {}
         self.gradients: dict[str, Any] = {}
+        #: a running `step(closure)` of the clock: its gradients are read after it, once the closure made them
+        self.closure = False
+        #: in a resumed run, each RNG stream the script restored (`torch.set_rng_state`, ...), as it was right after
+        self.restored_rng: dict[str, Any] = {}
+        #: the last step whose start (its first backward or optimizer step) was taken
+        self.started = 0
+        #: in a baseline, the State at the start of each step after `resume_at` (see `take_start`)
+        self.starts: dict[int, dict[str, Any]] = {}
         self.records: list[StepRecord] = []
         self.loaded: Boundary | None = None
         self.saved: Boundary | None = None
@@ -153,18 +161,32 @@ class Recorder:
             return
         if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
             self.finish()
-        self.take_loaded()
+        self.take_start()
         self.rng = snapshot_rng()
-        if self.run.gradients:
+        self.closure = bool(args and args[0] is not None or kwargs.get("closure") is not None)
+        if self.run.gradients and not self.closure:
             self.gradients = self._gradients()
 
-    def take_loaded(self) -> None:
-        """In a resumed run, the state the script restored: taken once, at its first backward or
-        optimizer step, whichever comes first (under gradient accumulation the micro-batches
-        before the first step already run callbacks that change the state)."""
-        if self.run.mode != "resumed" or self.loaded is not None or self.finished:
+    def take_start(self) -> None:
+        """The State at the start of the coming step: at its first backward or optimizer step, whichever comes
+        first. Code runs between a resume's load and that point (a scheduler or a handler at the top of the
+        iteration, callbacks of the micro-batches before the first step), as it runs at the same point of the
+        uninterrupted run: so the resumed run's State there (what it restored) is held against the baseline's
+        State at the start of the same step, which each baseline takes after `resume_at`."""
+        coming = self.step + 1
+        if self.finished or self.started == coming:
             return
-        self.loaded = Boundary(snapshot_state(self.state(), self.run.digesting(0)), {})
+        self.started = coming
+        if self.run.mode == "resumed" and self.loaded is None:
+            self.loaded = Boundary(snapshot_state(self.state(), self.run.digesting(0)), dict(self.restored_rng))
+        elif self.run.mode == "baseline" and coming > self.run.resume_at:
+            self.starts[coming] = snapshot_state(self.state(), self.run.digesting(0))
+
+    def rng_restored(self, stream: str) -> None:
+        """The script set `stream` (`rng.torch`, ...) from its checkpoint: remember it as restored, before the
+        resumed run's first step."""
+        if self.run.mode == "resumed" and self.loaded is None:
+            self.restored_rng[stream] = snapshot_rng()[stream]
 
     def _gradients(self) -> dict[str, Any]:
         """The gradients the optimizers are about to step on, by parameter name."""
@@ -184,10 +206,13 @@ class Recorder:
             return
         if optimizer is not self.clock or self.finished:
             return
+        if self.run.gradients and self.closure:
+            self.gradients = self._gradients()
         self.step += 1
         loss = sum(self.losses) if self.losses else None
         state = {**self.gradients, **snapshot_state(self.state(), self.run.digesting(self.step))}
-        self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss, state))
+        self.records.append(StepRecord(self.step, self.rng, list(self.ids) if self.ids else None, loss, state,
+                                       self.starts.pop(self.step, None)))
         self.ids, self.losses = [], []
         if self.run.mode != "interrupted" and self.step >= self.run.steps:
             self.finish()
@@ -195,7 +220,7 @@ class Recorder:
     def after_save(self) -> None:
         """A file of a checkpoint was written: the first at or after `resume_at` fixes the saved state."""
         if self.run.mode == "interrupted" and self.step >= self.run.resume_at and self.saved is None:
-            self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), {})
+            self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), snapshot_rng())
             if self.run.handoff is not None:
                 pathlib.Path(self.run.handoff).write_text(str(self.step))
 
@@ -243,12 +268,13 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
     backward = torch.Tensor.backward
 
     def observed_backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        recorder.take_loaded()
+        recorder.take_start()
         if self.numel() == 1:
             recorder.losses.append(float(self.detach()))
         backward(self, *args, **kwargs)  # type: ignore[no-untyped-call]
 
     torch.Tensor.backward = observed_backward  # type: ignore[method-assign]
+    _observe_rng_restores(recorder)
     # Optimizers in the order they are built (the same in every run, whichever steps first); a
     # wrapper that does not run Optimizer.__init__ (Lightning's, accelerate's) is not one of them.
     for cls, registry in ((torch.optim.Optimizer, recorder.optimizers),
@@ -263,6 +289,27 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
 
     sys.excepthook = excepthook
     atexit.register(lambda: None if recorder.finished else recorder.write())
+
+
+def _observe_rng_restores(recorder: Recorder) -> None:
+    """Tell the recorder when the script sets an RNG stream's state (as checkpoint code restores it): torch's
+    `set_rng_state` (also as `torch.random.set_rng_state`), numpy's global `set_state`, Python's `setstate`."""
+    import random
+
+    import numpy as np
+
+    def observed(restore: Callable[..., Any], stream: str) -> Callable[..., Any]:
+        @functools.wraps(restore)
+        def observed_restore(*args: Any, **kwargs: Any) -> Any:
+            done = restore(*args, **kwargs)
+            recorder.rng_restored(stream)
+            return done
+
+        return observed_restore
+
+    torch.set_rng_state = torch.random.set_rng_state = observed(torch.random.set_rng_state, "rng.torch")
+    np.random.set_state = observed(np.random.set_state, "rng.numpy")
+    random.setstate = observed(random.setstate, "rng.python")
 
 
 def _register_instances(cls: type, registry: list[Any]) -> None:

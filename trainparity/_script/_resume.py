@@ -94,7 +94,7 @@ def check_resume_script(
         if saved_at != resume_at:
             notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step "
                          f"{saved_at}.")
-        result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, rng_at_load=False)
+        result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
         wanted = values_wanted(result, baseline, resumed, saved_at)
         if wanted is not None:
 
@@ -115,8 +115,7 @@ def check_resume_script(
                 return [o.output for o in rerun_outcomes], failed
 
             notes += fetch_values(wanted, (baseline, interrupted, resumed), saved_at, rerun)
-            result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config,
-                                  rng_at_load=False)
+            result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
     result.notes.extend(notes)
     return result
 
