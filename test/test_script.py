@@ -48,7 +48,7 @@ def test_a_prefetched_batch_lost_leads_with_the_data_and_the_restored_rng_explai
     first = result.first_violation
     assert first is not None and (first.path, first.step, first.cause) == ("data.sample_ids", 4, "data_skipped"), (
         result.report())
-    assert "rng.torch was restored, then drawn by the data pipeline before this batch" in first.message
+    assert "rng.torch was restored, then drawn differently before this batch" in first.message
     rng = next(v for v in result.violations if v.path == "rng.torch")
     assert (rng.step, rng.cause) == (4, None), result.report()
 

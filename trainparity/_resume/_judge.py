@@ -102,9 +102,9 @@ RESTORED = RngCause(None, "it was restored, then consumed between load() and thi
                     "DataLoader iterator drawing its base seed).")
 #: what a data violation says when the data pipeline drew from a stream the load had restored
 DRAWN_BY_THE_DATA = (
-    "{stream} was restored, then drawn by the data pipeline before this batch: a DataLoader or sampler that draws "
-    "its order (or its seed) from the global RNG shuffles anew when it is rebuilt on resume. Give it a generator "
-    "of its own, seeded from the epoch, or resume its position."
+    "{stream} was restored, then drawn differently before this batch by what produces the data (a batch prefetched "
+    "before the save and lost with it, or a DataLoader or sampler rebuilt on resume that draws its order or seed "
+    "from the global RNG): the data stream is what to fix, and the RNG's difference follows from it."
 )
 
 

@@ -1,0 +1,42 @@
+"""Snapshots of the script checks' reports where the first violation names a cause, not its consequence."""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import trainparity as tp
+
+SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"
+
+
+def nanogpt(fault: str) -> tp.ResumeResult:
+    command = [sys.executable, str(SCRIPT), "--out_dir", "{workdir}", "--fault", fault]  # reports show it relative
+    return tp.check_resume_script(command, [*command, "--init_from", "resume"], steps=6, resume_at=3, timeout=120)
+
+
+def first_violation(result: tp.Result) -> str:
+    """The report up to its list of violations: the part that names the cause."""
+    return result.report().split("\n\nAll violations")[0]
+
+
+class TestScriptReports(tp.TestCase):
+    def test_an_rng_the_checkpoint_never_held_is_a_fresh_start_s_stream(self) -> None:
+        self.assertExpectedInline(first_violation(nanogpt("rng_not_saved")), """\
+trainparity resume check: FAIL at rng.torch (not_restored, step 4)
+config: command="<python>/bin/python test/scripts/nanogpt_train.py --out_dir '{workdir}' --fault rng_not_saved", comparison='exact', resume_at=3, resume_command="<python>/bin/python test/scripts/nanogpt_train.py --out_dir '{workdir}' --fault rng_not_saved --init_from resume", steps=6
+
+First violation: rng.torch (step 4, kind: rng_mismatch, cause: not_restored)
+  The RNG stream at the start of the step differs from uninterrupted training: the resumed run draws a fresh start's stream: at this step it is where an uninterrupted run's is at step 1 (the checkpoint holds no RNG state and the script seeds it again).
+  Generator states are not equal.""")
+
+    def test_a_lost_prefetched_batch_leads_with_the_data(self) -> None:
+        self.assertExpectedInline(first_violation(nanogpt("prefetch_lost")), """\
+trainparity resume check: FAIL at data.sample_ids (data_skipped, step 4, sample 179)
+config: command="<python>/bin/python test/scripts/nanogpt_train.py --out_dir '{workdir}' --fault prefetch_lost", comparison='exact', resume_at=3, resume_command="<python>/bin/python test/scripts/nanogpt_train.py --out_dir '{workdir}' --fault prefetch_lost --init_from resume", steps=6
+
+First violation: data.sample_ids (step 4, position 0, sample 179, kind: data_mismatch, cause: data_skipped)
+  The resumed run trained on other samples than uninterrupted training. rng.torch was restored, then drawn differently before this batch by what produces the data (a batch prefetched before the save and lost with it, or a DataLoader or sampler rebuilt on resume that draws its order or seed from the global RNG): the data stream is what to fix, and the RNG's difference follows from it.
+  The batch's sample IDs differ.
+  expected: [455, 5, 39, 282]
+  actual:   [179, 25, 61, 400]""")
