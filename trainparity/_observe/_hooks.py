@@ -4,7 +4,7 @@ for optimizer steps that are not training."""
 from __future__ import annotations
 
 import contextlib
-from typing import Self
+from typing import Any, Self
 
 import torch
 
@@ -53,3 +53,10 @@ class HookSet:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
+
+
+def step_closure(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The closure an optimizer step hook's call passes (`optimizer.step(closure)`), or None. The hooks get the
+    call's arguments with the optimizer itself first."""
+    positional = args[1:] if args and args[0] is optimizer else args
+    return positional[0] if positional else kwargs.get("closure")

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
-from trainparity._observe._hooks import HookSet, creates_state, grad_copy
+from trainparity._observe._hooks import HookSet, creates_state, grad_copy, step_closure
 from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
@@ -248,7 +248,7 @@ class Observer(HookSet):
             return
         scale = self._scale_of(entry)
         # A closure (`optimizer.step(closure)`) computes the gradients inside the step: they are read after it.
-        closure = args[0] if args else kwargs.get("closure")
+        closure = step_closure(optimizer, args, kwargs)
         grads = {} if closure is not None else self._grads(entry, scale)
         if closure is not None:
             self._closure_steps.add(entry)

@@ -42,7 +42,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainparity._batches._sample_ids import normalize_sample_ids
-from trainparity._observe._hooks import creates_state
+from trainparity._observe._hooks import creates_state, step_closure
 from trainparity._process import _wire as wire
 from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
@@ -163,7 +163,7 @@ class Recorder:
             self.finish()
         self.take_start()
         self.rng = snapshot_rng()
-        self.closure = bool(args and args[0] is not None or kwargs.get("closure") is not None)
+        self.closure = step_closure(optimizer, args, kwargs) is not None
         if self.run.gradients and not self.closure:
             self.gradients = self._gradients()
 
