@@ -5,7 +5,8 @@ sampler with `set_epoch` (Lightning calls it), an LR scheduler stepped per optim
 callback with state, and a `ModelCheckpoint` every 3 optimizer steps (the last batch of an
 epoch); `--resume` continues
 with `Trainer.fit(..., ckpt_path=...)` from the last checkpoint. `--accumulate` sets
-`accumulate_grad_batches`. `--fault callback_state_lost` leaves out the callback's
+`accumulate_grad_batches` and `--batch` the batch size (the data is the same for the same product).
+`--fault callback_state_lost` leaves out the callback's
 `load_state_dict` (Lightning's default does nothing), so a resumed run counts its batches from 0
 again.
 """
@@ -27,10 +28,13 @@ parser.add_argument("--out_dir", required=True)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--max_steps", type=int, default=9)
 parser.add_argument("--accumulate", type=int, default=1)
+parser.add_argument("--batch", type=int, default=4)
+# the callback counts batches, micro-batches under accumulation: not tracked when runs of other batch sizes are compared
+parser.add_argument("--untracked_counter", action="store_true")
 parser.add_argument("--fault", default="none", choices=["none", "callback_state_lost"])
 args = parser.parse_args()
 
-BATCH = 4
+BATCH = args.batch
 
 
 class Rows(Dataset):
@@ -79,7 +83,8 @@ class BatchCounter(Callback):
 
 L.seed_everything(0, verbose=False)
 counter = BatchCounter()
-probe.track(counter=counter)
+if not args.untracked_counter:
+    probe.track(counter=counter)
 dataset = Rows()
 loader = DataLoader(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset, num_replicas=1, rank=0, seed=0))
 trainer = L.Trainer(

@@ -19,6 +19,7 @@ from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._ranks import path_rank
 from trainparity._resume._trace import RunTrace, StepRecord, diff_steps
 from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_leaves, compare_snapshots
+from trainparity._state._snapshot import state_entry
 
 
 def _violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
@@ -133,13 +134,20 @@ def judge_resume(
     notes: list[str] = []
     saved, loaded = interrupted.saved, resumed.loaded
     assert saved is not None and loaded is not None, "the interrupted run saves and the resumed run loads"
+
+    def violation(kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
+        # Where a script's framework checkpoints (Ignite's to_save, Accelerate's prepared objects): the line to change.
+        held = interrupted.holders.get("data.sample_ids" if kind == "data_mismatch" else state_entry(mismatch.path))
+        restoring = cause == "not_restored" or kind == "data_mismatch" and cause is not None
+        return _violation(kind, mismatch, step, cause, f"{preface} {held}" if held and restoring else preface)
+
     # What the resumed run restored, held against what the uninterrupted run had at the same point.
     start = base[resume_at].start if script and len(base) > resume_at else None
     expected, preface = (saved.state, "The State right after load() differs from the State right after save().") \
         if start is None else (start, f"The State the resumed script restored differs from the uninterrupted run's at "
                                f"the same point (the first backward or optimizer step of step {resume_at + 1}).")
     for mismatch in compare_snapshots(expected, loaded.state, comparison):
-        violations.append(_violation("state_mismatch", mismatch, resume_at, "not_restored", preface))
+        violations.append(violation("state_mismatch", mismatch, resume_at, "not_restored", preface))
     rng_causes = _rng_causes(baseline, interrupted, resumed, script)
     rng_first: dict[str, tuple[Violation, int]] = {}
     last_divergence = 0
@@ -151,7 +159,7 @@ def judge_resume(
                 if mismatch.path not in rng_first:
                     known = rng_causes.get(mismatch.path, RESTORED)
                     rng_first[mismatch.path] = (
-                        _violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
+                        violation("rng_mismatch", Mismatch(mismatch.path, "Generator states are not equal.",
                                                             None, None), step, known.cause,
                                    "The RNG stream at the start of the step differs from uninterrupted training: "
                                    + known.reason),
@@ -170,23 +178,23 @@ def judge_resume(
                     message += " " + DRAWN_BY_THE_DATA.format(stream=" and ".join(drawn))
                     for path in drawn:
                         rng_first[path] = (rng_first[path][0], len(violations) + 1)
-                violation = _violation("data_mismatch", mismatch, step, cause, message)
-                violations.append(dataclasses.replace(violation, sample_id=sample, position=position))
+                data = violation("data_mismatch", mismatch, step, cause, message)
+                violations.append(dataclasses.replace(data, sample_id=sample, position=position))
             elif difference.aspect == "loss":
-                violations.append(_violation("loss_mismatch", mismatch, step, None,
+                violations.append(violation("loss_mismatch", mismatch, step, None,
                                              "The loss differs from uninterrupted training."))
             else:
-                violations.append(_violation("state_mismatch", mismatch, step, None,
+                violations.append(violation("state_mismatch", mismatch, step, None,
                                              "The State after the step differs from uninterrupted training."))
     # An RNG stream is blamed only when something diverged at or after the step it first differed.
     inserted = 0
-    for path, (violation, position) in sorted(rng_first.items(), key=lambda item: item[1][1]):
-        assert violation.step is not None
-        if last_divergence >= violation.step:
-            violations.insert(position + inserted, violation)
+    for path, (found, position) in sorted(rng_first.items(), key=lambda item: item[1][1]):
+        assert found.step is not None
+        if last_divergence >= found.step:
+            violations.insert(position + inserted, found)
             inserted += 1
         else:
-            notes.append(f"{path} differs from uninterrupted training from step {violation.step} on, "
+            notes.append(f"{path} differs from uninterrupted training from step {found.step} on, "
                          "but nothing else diverged: reported, not failed.")
     if baseline.unobserved:
         notes.append(f"not compared: {', '.join(baseline.unobserved)}: trainparity sees no state in these State "

@@ -97,6 +97,8 @@ class RunTrace:
     unobserved: list[str]
     #: in a world of ranks, the State entries that are each rank's own by nature: its loaders and samplers
     rank_local: list[str] = dataclasses.field(default_factory=list)
+    #: a script's: per State entry (or `data.sample_ids`), which of its framework's checkpoint holders saves it
+    holders: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -105,6 +107,7 @@ class RunTrace:
             "saved": None if self.saved is None else self.saved.to_wire(),
             "unobserved": self.unobserved,
             "rank_local": self.rank_local,
+            "holders": self.holders,
         }
 
     @classmethod
@@ -115,7 +118,8 @@ class RunTrace:
         return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
                    boundary(data["loaded"]), boundary(data["saved"]),
                    [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")],
-                   [str(entry) for entry in _typed(data["rank_local"], list, "rank_local")])
+                   [str(entry) for entry in _typed(data["rank_local"], list, "rank_local")],
+                   {str(key): str(value) for key, value in _typed(data["holders"], dict, "holders").items()})
 
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,

@@ -46,6 +46,7 @@ from trainparity._observe._hooks import creates_state, step_closure
 from trainparity._process import _wire as wire
 from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
+from trainparity._script._frameworks import FrameworkObjects
 from trainparity._state._entries import State, parameter_names
 from trainparity._state._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
 
@@ -111,6 +112,8 @@ class Recorder:
         self.started = 0
         #: in a baseline, the State at the start of each step after `resume_at` (see `take_start`)
         self.starts: dict[int, dict[str, Any]] = {}
+        #: what the script's framework checkpoints (Ignite's to_save, Accelerate's prepared objects)
+        self.frameworks = FrameworkObjects()
         self.records: list[StepRecord] = []
         self.loaded: Boundary | None = None
         self.saved: Boundary | None = None
@@ -227,7 +230,9 @@ class Recorder:
     def write(self) -> None:
         for future in self.pending:
             future.result()
-        trace = RunTrace(self.records, self.loaded, self.saved, [])
+        state = self.state()
+        trace = RunTrace(self.records, self.loaded, self.saved, [],
+                         holders=self.frameworks.holders({name: state[name] for name in state}))
         wire.dump(trace.to_wire(), self.workdir / RESULT_FILE)
 
     def finish(self) -> None:
@@ -263,6 +268,7 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
         "safetensors.torch": functools.partial(_observe_saves, names=("save_file", "save_model"), recorder=recorder),
         "torch.distributed.checkpoint": functools.partial(_observe_saves, names=("save", "async_save"),
                                                           recorder=recorder),
+        **recorder.frameworks.patches(),
     }))
 
     backward = torch.Tensor.backward
