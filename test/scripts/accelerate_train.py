@@ -30,6 +30,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out_dir", required=True)
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--grad_accum", type=int, default=1)
+parser.add_argument("--max_steps", type=int, default=30)
 parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--unseeded_sampler", action="store_true")
 FAULTS = ["none", "scheduler_not_prepared", "batches_not_skipped", "skip_counts_optimizer_steps", "loss_divided_twice"]
@@ -80,7 +81,8 @@ if args.resume:
     if args.fault == "batches_not_skipped":
         resume_batches = 0
 
-for epoch in range(starting_epoch, 20):
+epoch = starting_epoch
+while completed_steps < args.max_steps:
     active = loader
     if epoch == starting_epoch and resume_batches:
         active = accelerator.skip_first_batches(loader, resume_batches)
@@ -99,3 +101,6 @@ for epoch in range(starting_epoch, 20):
             completed_steps += 1
             if completed_steps % 3 == 0:
                 accelerator.save_state(os.path.join(args.out_dir, f"step_{completed_steps}"))
+            if completed_steps == args.max_steps:
+                break
+    epoch += 1
