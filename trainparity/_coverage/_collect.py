@@ -37,6 +37,7 @@ Window = tuple[int, Mapping[int, Any]]
 _WORD = 8
 #: the most IDs reserved ahead of need from an iterator's length hint
 _MAX_AHEAD = 2**24
+_DTYPE, _NDIM, _IS_CPU = operator.attrgetter("dtype"), operator.attrgetter("ndim"), operator.attrgetter("is_cpu")
 
 
 class UserCodeFailed(Exception):
@@ -108,11 +109,12 @@ class _Streams:
     where each batch starts and the DataLoader worker that produced it (-1: unknown).
 
     The IDs grow by doubling, or at once to what the rank's iterator announces (`_reserve`); a first
-    batch as large as the whole input (IDs already extracted) is copied once. `read` is the per-batch
-    loop, whose cost per batch bounds the audit's throughput on small batches (`python tools/bench.py
-    coverage`): a contiguous int64 CPU tensor, the common batch, is copied by address (`ctypes.memmove`,
-    after the checks that make its bytes exactly its IDs); other integer tensors and arrays are copied by
-    numpy; anything else takes the general conversion (`batch_id_array`).
+    batch as large as the whole input (IDs already extracted) is copied once. A list of ID tensors is read
+    without the per-batch loop (`read_tensors`). `read` is the per-batch loop, whose cost per batch bounds the
+    audit's throughput on small batches from an iterator (`python tools/bench.py coverage`): a contiguous int64
+    CPU tensor, the common batch, is copied by address (`ctypes.memmove`, after the checks that make its bytes
+    exactly its IDs); other integer tensors and arrays are copied by numpy; anything else takes the general
+    conversion (`batch_id_array`).
     """
 
     def __init__(self) -> None:
@@ -154,6 +156,33 @@ class _Streams:
         dtype = np.dtype(np.int64) if self._ints else np.promote_types(self._data.dtype, array.dtype)
         self._reserve(end, dtype)[self.size:end] = array
         self.size = end
+
+    def read_tensors(self, batches: list[Any] | tuple[Any, ...], phase: str) -> bool:
+        """A list of ID tensors as a test or a recorder collects them, each an exact one-dimensional int64 CPU
+        tensor: read without the per-batch loop (whose cost bounds the audit's throughput on small batches),
+        each tensor's words copied from its address in one pass. False, reading nothing, when the list holds
+        anything else, or the IDs read so far are not ints: `read` takes it then."""
+        if not batches or self._first_kind is not None and not self._ints or set(map(type, batches)) != {
+                torch.Tensor} or set(map(_DTYPE, batches)) != {torch.int64} or set(map(_NDIM, batches)) != {1} \
+                or not all(map(_IS_CPU, batches)) or not all(map(torch.Tensor.is_contiguous, batches)):
+            return False
+        lengths = np.fromiter(map(torch.Tensor.numel, batches), dtype=np.int64, count=len(batches))
+        starts = self.size + np.cumsum(lengths) - lengths
+        end = self.size + int(lengths.sum())
+        self.batch_starts += starts.tolist()
+        self.batch_workers += [-1] * len(batches)
+        if end == self.size:
+            return True
+        if self._first_kind is None:
+            self._first_kind, self._ints = ("int", f"{phase}, batch {int(np.flatnonzero(lengths)[0])}"), True
+        self._reserve(end, np.dtype(np.int64))
+        move = ctypes.memmove
+        for destination, source, size in zip((self._address + _WORD * starts).tolist(),
+                                              map(torch.Tensor.data_ptr, batches), (_WORD * lengths).tolist(),
+                                              strict=True):
+            move(destination, source, size)
+        self.size = end
+        return True
 
     def read(self, iterator: Any, sample_ids: Callable[[Any], Any] | None, phase: str, rank: int) -> None:
         """Read one rank's batches from `iterator` to its end; the user's code runs guarded (`UserCodeFailed`)."""
@@ -231,7 +260,9 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
                     iterator = iter(iterable)
                 except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
                     raise UserCodeFailed(error, phase, int(rank)) from error
-                streams.read(iterator, sample_ids, phase, int(rank))
+                if sample_ids is not None or type(iterable) not in (list, tuple) \
+                        or not streams.read_tensors(iterable, phase):
+                    streams.read(iterator, sample_ids, phase, int(rank))
                 finished = True
             except DeadlinePassed as interruption:
                 late = True
