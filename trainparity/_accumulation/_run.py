@@ -25,7 +25,7 @@ from trainparity._state._compare import Snapshot
 from trainparity._state._entries import optimizer_named_state_dict
 from trainparity._state._precision import cast_batch, convert_state, require_float64, running_in
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state, to_leaf
+from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state
 
 SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]
 
@@ -90,7 +90,9 @@ def _observe_window(
 ) -> Window:
     name = type(recipe).__name__
     batch = cast_batch(next_batch(batches, recipe, f"window {window}"), payload.precision)
-    record = {path: to_leaf(leaf) for path, leaf in leaves(batch)}
+    record: Snapshot = {}
+    for path, leaf in leaves(batch):
+        flatten(path, leaf, record)  # a nested tensor's components, a sparse one's values
     if payload.microbatches is None:
         observer.zero_grad()
         parts: Sequence[Any] = [batch]

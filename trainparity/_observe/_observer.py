@@ -424,11 +424,14 @@ class Observer(HookSet):
                 tensor.grad = None
 
     def parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """The State's named parameters, each once."""
+        """The State's named parameters with values, each once (a lazy module's are not, before its first
+        forward)."""
         seen: set[int] = set()
         for module in self.modules.values():
             for parameter in module.parameters():
                 name = self.names.get(id(parameter))
+                if isinstance(parameter, nn.parameter.UninitializedParameter):
+                    continue
                 if name is not None and id(parameter) not in seen:
                     seen.add(id(parameter))
                     yield name, parameter

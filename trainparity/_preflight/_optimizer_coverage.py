@@ -101,7 +101,8 @@ class CoverageTrace:
 
 def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
     """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
-    tensor entries that are `nn.Parameter`s or require grad, named by their entry."""
+    tensor entries that are `nn.Parameter`s or require grad, named by their entry. A lazy module's parameters
+    count once its first forward gave them values."""
     names = parameter_names(state)
     found: dict[int, tuple[str, torch.Tensor]] = {}
     for _, module in state_objects(state, nn.Module):
@@ -110,7 +111,7 @@ def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
     for path, tensor in state_objects(state, torch.Tensor):
         if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
             found.setdefault(id(tensor), (path, tensor))
-    return found
+    return {key: found[key] for key in found if not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
 
 
 def _tied_names(state: State, parameters: dict[int, tuple[str, torch.Tensor]]) -> dict[int, list[str]]:
