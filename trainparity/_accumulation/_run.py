@@ -16,6 +16,7 @@ import torch
 
 from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._batches._split import Microbatches, batch_size, leaves, split_batch
+from trainparity._compat import state_dict
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord
 from trainparity._recipe._modules import import_attribute
@@ -113,7 +114,7 @@ def _observe_window(
         flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers)
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
-        flatten(entry, scheduler.state_dict(), schedulers)
+        flatten(entry, state_dict(scheduler), schedulers)
     return Window(record, _sizes(parts), calls, observer.take_step_events(), parameters, optimizers, schedulers)
 
 

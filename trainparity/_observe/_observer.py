@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from trainparity._compat import GradScaler
 from trainparity._observe._hooks import HookSet, creates_state, grad_copy, step_closure
 from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
@@ -105,7 +106,7 @@ class Observer(HookSet):
         self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
         self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
         self.modules = {entry: unwrap_module(module) for entry, module in state_objects(state, nn.Module)}
-        scalers = [v for _, v in state_objects(state, torch.amp.GradScaler) if v.is_enabled()]
+        scalers = [v for _, v in state_objects(state, GradScaler) if v.is_enabled()]
         # With several enabled scalers we cannot tell which one scaled a gradient: record them as they are.
         self.scaler = scalers[0] if len(scalers) == 1 else None
         #: optimizer entry -> [(parameter name, parameter)] in param_groups order

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from trainparity._compat import unnamed
+
 #: a State's tensor as a snapshot holds it: its values, its components (a nested tensor), or a note
 Readable = torch.Tensor | list[torch.Tensor] | str
 
@@ -59,9 +61,7 @@ def readable(tensor: torch.Tensor) -> Readable:
         tensor = tensor.dequantize()
     elif tensor.layout != torch.strided:
         tensor = tensor.to_dense()
-    if any(name is not None for name in getattr(tensor, "names", ())):  # named tensors (gone in newer torch)
-        tensor = tensor.rename(None)  # type: ignore[attr-defined,unused-ignore]
-    return tensor
+    return unnamed(tensor)
 
 
 def copied_to_cpu(tensor: torch.Tensor) -> torch.Tensor | str:
