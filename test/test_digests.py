@@ -52,12 +52,19 @@ def test_any_change_of_the_bytes_changes_the_digest(change: str) -> None:
     assert digest(tensor) != digest(other)
 
 
-def test_large_tensors_travel_as_digests_and_small_ones_whole(tmp_path: pathlib.Path) -> None:
-    payload = TrainPayload(resolve_recipe(Wide()), 0, 1, 2, str(tmp_path / "checkpoint"), digests=True)
+def test_a_step_travels_as_digests_alone_and_the_save_keeps_its_small_tensors_whole(tmp_path: pathlib.Path) -> None:
+    """What the parent holds per step is digests, whatever the tensors' sizes (its memory does not grow with the
+    steps beyond them); the save, once per run, ships small tensors whole."""
+    payload = TrainPayload(resolve_recipe(Wide()), 0, 1, 2, str(tmp_path / "checkpoint"), save=True, digests=True)
     trace = RunTrace.from_wire(train_run(payload, tmp_path))
-    state = trace.steps[-1].state
-    assert isinstance(state["model.0.weight"], Digest)  # 512 KiB
-    assert isinstance(state["model.0.bias"], torch.Tensor)  # 2 KiB
+    step = trace.steps[-1]
+    tensors = [value for value in [*step.state.values(), *step.rng.values()]
+               if not isinstance(value, (bool, int, float, str, type(None)))]
+    assert tensors and all(isinstance(value, Digest) for value in tensors), step
+    assert trace.saved is not None
+    assert isinstance(trace.saved.state["model.0.weight"], Digest)  # 512 KiB
+    assert isinstance(trace.saved.state["model.0.bias"], torch.Tensor)  # 2 KiB
+    assert isinstance(trace.saved.rng["rng.torch"], torch.Tensor)
     assert torch.finfo(torch.float64).bits // 8 * 256 * 256 > DIGEST_ABOVE_BYTES
 
 

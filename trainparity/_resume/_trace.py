@@ -130,7 +130,7 @@ def record_steps(recipe: Recipe, state: State, first: int, last: int,
     name = type(recipe).__name__
     for step in range(first, last + 1):
         batch = cast_batch(next_batch(batches, recipe, f"step {step}"), precision)
-        rng = snapshot_rng()
+        rng = snapshot_rng(digesting(step))
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
         yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)))
@@ -164,7 +164,7 @@ class TrainPayload:
         """How the snapshot after `step` (0: at the load and the save) is taken."""
         if not self.digests:
             return None
-        return Digesting.at(self.whole, step)
+        return Digesting.at(self.whole, step, every_step=True)
 
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:

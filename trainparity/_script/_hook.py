@@ -72,6 +72,8 @@ class ScriptRun:
     handoff: str | None = None
     #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
     whole: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    #: every tensor of a step travels as a digest (the resume check fetches the values its report shows)
+    step_digests: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -84,7 +86,7 @@ class ScriptRun:
 
     def digesting(self, step: int) -> Digesting:
         """How the snapshot of `step` (0: at the load and the save) is taken."""
-        return Digesting.at(self.whole, step)
+        return Digesting.at(self.whole, step, every_step=self.step_digests)
 
 
 class Recorder:
@@ -166,7 +168,7 @@ class Recorder:
         if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
             self.finish()
         self.take_start()
-        self.rng = snapshot_rng()
+        self.rng = snapshot_rng(self.run.digesting(self.step + 1))
         self.closure = step_closure(optimizer, args, kwargs) is not None
         if self.run.gradients and not self.closure:
             self.gradients = self._gradients()
@@ -183,7 +185,7 @@ class Recorder:
         self.started = coming
         if self.run.mode == "resumed" and self.loaded is None:
             self.loaded = Boundary(snapshot_state(self.state(), self.run.digesting(0)), dict(self.restored_rng))
-        elif self.run.mode == "baseline" and coming > self.run.resume_at:
+        elif self.run.mode == "baseline" and coming == self.run.resume_at + 1:  # what the resumed run restores
             self.starts[coming] = snapshot_state(self.state(), self.run.digesting(0))
 
     def rng_restored(self, stream: str) -> None:

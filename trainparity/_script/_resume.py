@@ -75,15 +75,20 @@ def check_resume_script(
     with scratch_directory("trainparity-script-") as chains:
         runs = ScriptRuns(chains, deadline, variables, cwd)
         job = runs.job
+
+        def traced(mode: str, last: int, first: int, **fields: Any) -> ScriptRun:
+            # Every tensor of a step as a digest: the values the report shows are fetched (rerun below).
+            return ScriptRun(mode, last, resume_at, first, step_digests=True, **fields)
+
         handoff = str(chains / "saved-at")
         # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
         # exited, while the baselines run beside them.
         outcomes = runs.run([
-            job("interrupted", run_command, "resumed", ScriptRun("interrupted", steps, resume_at, 1, handoff=handoff)),
-            job("baseline", run_command, "baseline", ScriptRun("baseline", steps, resume_at, 1)),
+            job("interrupted", run_command, "resumed", traced("interrupted", steps, 1, handoff=handoff)),
+            job("baseline", run_command, "baseline", traced("baseline", steps, 1)),
             dataclasses.replace(job("resumed", continue_command, "resumed",
-                                    ScriptRun("resumed", steps, resume_at, 0, handoff=handoff)), after=0),
-            job("baseline (repeat)", run_command, "repeat", ScriptRun("baseline", steps, resume_at, 1)),
+                                    traced("resumed", steps, 0, handoff=handoff)), after=0),
+            job("baseline (repeat)", run_command, "repeat", traced("baseline", steps, 1)),
         ])
         error = run_error(outcomes, steps, resume_at)
         if error is not None:
@@ -104,11 +109,11 @@ def check_resume_script(
                 again = str(chains / "saved-at.values")
                 rerun_outcomes = runs.run([
                     job("baseline (values)", run_command, "baseline-values",
-                        ScriptRun("baseline", last, resume_at, 1, whole=paths)),
+                        traced("baseline", last, 1, whole=paths)),
                     job("interrupted (values)", run_command, "resumed-values",
-                        ScriptRun("interrupted", steps, resume_at, 1, handoff=again, whole=paths)),
+                        traced("interrupted", steps, 1, handoff=again, whole=paths)),
                     dataclasses.replace(job("resumed (values)", continue_command, "resumed-values",
-                                            ScriptRun("resumed", last, resume_at, 0, handoff=again, whole=paths)),
+                                            traced("resumed", last, 0, handoff=again, whole=paths)),
                                         after=1),
                 ])
                 failed = run_error(rerun_outcomes, last, resume_at)

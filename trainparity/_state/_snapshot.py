@@ -28,10 +28,13 @@ class Digesting:
     full: frozenset[str] = frozenset()
 
     @classmethod
-    def at(cls, whole: Iterable[tuple[int, Iterable[str]]], step: int) -> Digesting:
+    def at(cls, whole: Iterable[tuple[int, Iterable[str]]], step: int, every_step: bool = False) -> Digesting:
         """Digesting for the snapshot of `step` (0: at the load and the save), with the paths `whole`
-        lists for that step shipped whole."""
-        return cls(full=frozenset(next((paths for at, paths in whole if at == step), ())))
+        lists for that step shipped whole. `every_step`: a step's snapshot (not the load's or the save's)
+        digests every tensor, whatever its size, so that what the parent holds per step is digests alone
+        (the check fetches the values its report shows)."""
+        full = frozenset(next((paths for at, paths in whole if at == step), ()))
+        return cls(above=0 if every_step and step > 0 else DIGEST_ABOVE_BYTES, full=full)
 
     def applies(self, path: str, value: torch.Tensor) -> bool:
         return value.nbytes > self.above and path not in self.full
@@ -71,7 +74,7 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
             return
         numbers = _number_tensor(value)
         if numbers is not None:
-            out[path] = numbers
+            _flatten(path, numbers, out, digesting, enclosing)
             return
         if not value:  # an empty container is a value too: None, {} and a missing entry differ
             out[path] = EMPTY_DICT if isinstance(value, dict) else EMPTY_SEQUENCE
@@ -132,8 +135,13 @@ def to_leaf(value: Any) -> Leaf:
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
-def snapshot_rng() -> Snapshot:
-    return {f"rng.{stream}": state for stream, state in capture_rng().items()}
+def snapshot_rng(digesting: Digesting | None = None) -> Snapshot:
+    """The global RNG streams' states by path (`rng.torch`), digested where `digesting` says so."""
+    out: Snapshot = {}
+    for stream, state in capture_rng().items():
+        path = f"rng.{stream}"
+        out[path] = digest(state) if digesting is not None and digesting.applies(path, state) else state
+    return out
 
 
 def snapshot_state(state: State, digesting: Digesting | None = None) -> Snapshot:
