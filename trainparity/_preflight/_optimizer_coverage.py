@@ -32,7 +32,7 @@ from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import OptimizerCoverageResult
 from trainparity._results._violation import Outcome, Violation
-from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
+from trainparity._state._entries import State, state_objects, state_parameters, unwrap_module
 
 __all__ = ["check_optimizer_coverage"]
 
@@ -97,20 +97,6 @@ class CoverageTrace:
 
 
 # -- the run (in the child) -------------------------------------------------------------------------
-
-
-def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
-    """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
-    tensor entries that are `nn.Parameter`s or require grad, named by their entry."""
-    names = parameter_names(state)
-    found: dict[int, tuple[str, torch.Tensor]] = {}
-    for _, module in state_objects(state, nn.Module):
-        for parameter in unwrap_module(module).parameters():
-            found.setdefault(id(parameter), (names[id(parameter)], parameter))
-    for path, tensor in state_objects(state, torch.Tensor):
-        if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
-            found.setdefault(id(tensor), (path, tensor))
-    return found
 
 
 def _tied_names(state: State, parameters: dict[int, tuple[str, torch.Tensor]]) -> dict[int, list[str]]:
