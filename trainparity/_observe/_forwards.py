@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import sys
 import threading
@@ -104,8 +105,9 @@ class ForwardRecorder(HookSet):
         self.own_buffers = {key: {attribute: names[id(buffer)] for attribute, buffer in module._buffers.items()
                                   if buffer is not None and id(buffer) in names}
                             for key, module in self.modules.items() if module._buffers}
-        #: module name -> its class's name, for every module that read its `training` in a pass
-        self.kinds: dict[str, str] = {}
+        #: module name -> [its class's name, "dropout", "norm" or "other"], for every module that read its `training`
+        #: in a pass or called a functional dropout that dropped
+        self.kinds: dict[str, list[str]] = {}
         #: the modules in eval mode right after setup()
         self.eval_after_setup = [self.names[key] for key, module in self.modules.items()
                                  if not vars(module).get("training", True)]
@@ -117,6 +119,7 @@ class ForwardRecorder(HookSet):
         self._step = 0
         self._inside = False
         self._record = ForwardRecord()
+        self._order = itertools.count()
 
     # -- installing and removing ------------------------------------------------------------------
 
@@ -168,7 +171,7 @@ class ForwardRecorder(HookSet):
             recomputed = torch._C._current_autograd_node() is not None
             if not recomputed:
                 self._pass = ForwardPass(name, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                                         any(p.requires_grad for p in module.parameters()))
+                                         any(p.requires_grad for p in module.parameters()), order=next(self._order))
                 self._rng_before = torch_rng_states()
         own = self.own_buffers.get(id(module))
         before = None
@@ -217,7 +220,7 @@ class ForwardRecorder(HookSet):
             name = self.names.get(id(module))
             if name is not None and mode_matters(module) and all(name != seen for seen, _ in current.modes):
                 current.modes.append([name, training])
-                self.kinds.setdefault(name, type(module).__name__)
+                self._kind(name, module)
         return training
 
     def _write_training(self, module: nn.Module, training: bool) -> None:
@@ -226,8 +229,13 @@ class ForwardRecorder(HookSet):
         name = self.names.get(id(module))
         if name is not None and before is not None and before != training and threading.get_ident() == self._thread:
             step = self._step if self._inside else self._step + 1
-            self._record.switches.append(ModeSwitch(name, bool(training), step, self._inside,
-                                                    self._switch_site(sys._getframe(1), bool(training))))
+            site = self._switch_site(sys._getframe(1), bool(training))
+            self._record.switches.append(ModeSwitch(name, bool(training), step, self._inside, site, next(self._order)))
+
+    def _kind(self, name: str, module: nn.Module) -> None:
+        category = ("dropout" if isinstance(module, (_DropoutNd, nn.MultiheadAttention)) else
+                    "norm" if isinstance(module, _NormBase) else "other")
+        self.kinds.setdefault(name, [type(module).__name__, category])
 
     def _switch_site(self, frame: FrameType | None, training: bool) -> str:
         """`model.eval() in Trainer.evaluate (train.py:88)`: the outermost `train()`/`eval()` of a module on the
@@ -267,6 +275,7 @@ class ForwardRecorder(HookSet):
                 entry = [caller.name, function, bool(vars(caller.module).get("training", False))]
                 if entry not in current.dropouts:
                     current.dropouts.append(entry)
+                    self._kind(caller.name, caller.module)
             return original(*args, **kwargs)
 
         return wrapper

@@ -119,6 +119,8 @@ class ForwardPass:
     buffers: list[str] = dataclasses.field(default_factory=list)
     #: whether it drew from torch's RNG streams
     rng: bool = False
+    #: when it began, among the passes and mode switches of the run
+    order: int = 0
 
     @property
     def in_train_mode(self) -> list[str]:
@@ -137,6 +139,8 @@ class ModeSwitch:
     inside: bool
     #: the call that switched it and where: `model.eval() in Trainer.evaluate (train.py:88)`
     site: str
+    #: when it happened, among the passes and mode switches of the run
+    order: int = 0
 
 
 @dataclasses.dataclass

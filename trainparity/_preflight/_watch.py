@@ -62,7 +62,8 @@ class Trainable:
 @dataclasses.dataclass
 class WatchRecord:
     """What the watch saw, in observation order; `stepped`: per parameter, the steps at which an optimizer stepped it
-    with a `.grad` that was not None; `frozen`: every path watched, in the order first seen frozen."""
+    while it was frozen with a `.grad` that was not None; `frozen`: every path watched, in the order first seen
+    frozen."""
 
     events: list[Change | Trainable] = dataclasses.field(default_factory=list)
     stepped: dict[str, list[int]] = dataclasses.field(default_factory=dict)
@@ -171,7 +172,7 @@ class FrozenWatch:
                 if path is None or path in self._stepping:
                     continue
                 grad = _grad_kind(parameter.grad)
-                if grad != "none":
+                if grad != "none" and not parameter.requires_grad:
                     self.record.stepped.setdefault(path, []).append(step)
                 decay = group.get("weight_decay")
                 state = [key for key, value in optimizer.state.get(parameter, {}).items()
