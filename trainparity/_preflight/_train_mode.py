@@ -171,10 +171,15 @@ class _Judge:
         for name, function in ignored_mode:
             message += (f"{self.kind(name)} is in eval mode, but its forward called {function} with training=True: "
                         "pass training=self.training (transformers PR 33844). ")
-        message += ("An evaluation in train mode changes the training that follows it (other running statistics, "
-                    "other dropout masks): call model.eval() before evaluating and model.train() after.")
-        return Violation("eval_in_train_mode", f"modules.{culprit}", message, step=step, expected="eval",
-                         actual="train", cause="eval_in_train_mode")
+        if trained:
+            message += ("An evaluation in train mode changes the training that follows it (other running "
+                        "statistics, other dropout masks): call model.eval() before evaluating and model.train() "
+                        "after.")
+        else:
+            message += "An evaluation that draws from it changes the dropout masks of the training that follows it."
+        return Violation("eval_in_train_mode", f"modules.{culprit}", message, step=step,
+                         expected="eval" if trained else None, actual="train" if trained else None,
+                         cause="eval_in_train_mode")
 
     def call(self, record: ForwardRecord, step: int, notes: list[str]) -> list[Violation]:
         backward = any(forward.reached for forward in record.passes)
@@ -218,7 +223,8 @@ def judge_train_mode(trace: TrainModeTrace, config: dict[str, Any],
     judge, notes = _Judge(trace, eval_modules), list[str]()
     found = [v for step, record in enumerate(trace.calls, start=1) for v in judge.call(record, step, notes)]
     violations = once_per_path(found)
-    kinds = [f"{kind} '{name}'" for name, (kind, _) in trace.kinds.items()]
+    dependent = dict.fromkeys(name for record in trace.calls for forward in record.passes for name, _ in forward.modes)
+    kinds = [judge.kind(name) for name in dependent]
     notes.insert(0, f"Modules whose behaviour depends on their mode: {_listed(kinds)}." if kinds else
                  "No module of the State read its mode (self.training) in a forward pass: nothing depends on it.")
     if judge.declared_in_eval:
