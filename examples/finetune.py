@@ -136,9 +136,9 @@ class FineTune(tp.Recipe):
         return state
 
     def batches(self, state: tp.State) -> Iterator[Batch]:
-        while True:
-            yield batch_at(state.cursor)
+        while True:  # the cursor counts the batches taken, so that a resumed run goes on after them
             state.cursor += 1
+            yield batch_at(state.cursor - 1)
 
     def sample_ids(self, batch: Batch) -> torch.Tensor:
         return batch[0]
