@@ -244,3 +244,15 @@ def test_command_line_misuse_is_a_usage_error(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit) as caught:
         main(["train-mode", "mode_recipes:Training", "--atol", "1e-3"])  # nothing is compared
     assert caught.value.code == 4
+
+
+def test_the_pytest_plugins_defaults_apply_to_both_checks() -> None:
+    """--trainparity-isolation and --trainparity-timeout set the session's defaults; an argument wins."""
+    _session.set_defaults(_session.Defaults(isolation="process", timeout=60.0))
+    try:
+        results = [tp.check_train_mode(recipes.Training, steps=1), tp.check_frozen(recipes.FrozenBackbone, steps=1),
+                   tp.check_frozen(recipes.FrozenBackbone, steps=1, isolation="inprocess")]
+    finally:
+        _session.set_defaults(_session.BUILTIN)
+    assert [r.config["isolation"] for r in results] == ["process", "process", "inprocess"]
+    assert all(r.passed for r in results), [r.report() for r in results]

@@ -120,10 +120,11 @@ def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: d
 
     namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
     namespaces += [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
-    wrappers = {original: make_wrapper(original, name) for original, name in functions.items()}
+    # by id: a namespace (torch.nn.functional) holds hundreds of names, each looked up once
+    wrappers = {id(original): make_wrapper(original, name) for original, name in functions.items()}
     for namespace in dict.fromkeys(namespaces):
         for attribute, value in list(vars(namespace).items()):
-            wrapper = next((w for original, w in wrappers.items() if value is original), None)
-            if wrapper is not None:
+            wrapper = wrappers.get(id(value))
+            if wrapper is not None:  # `functions` holds the object, so its id is no other object's
                 setattr(namespace, attribute, wrapper)
                 stack.callback(setattr, namespace, attribute, value)

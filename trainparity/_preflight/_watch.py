@@ -139,7 +139,9 @@ class FrozenWatch:
         current = watched.tensor.detach()
         if bitwise_equal(watched.last, current):
             return None
-        mismatch = compare_tensors(watched.reference, current, EXACT) or compare_tensors(watched.last, current, EXACT)
+        now = current.cpu()  # the message is built where its numbers are read
+        mismatch = (compare_tensors(watched.reference.cpu(), now, EXACT)
+                    or compare_tensors(watched.last.cpu(), now, EXACT))
         assert mismatch is not None
         watched.last = current.clone()
         return Change(path, step, by, mismatch.message, trainable=watched.tensor.requires_grad,
