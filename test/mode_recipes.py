@@ -379,3 +379,11 @@ class NoForward(Training):
 
     def evaluate(self, state: tp.State) -> float:
         return 0.0
+
+
+class InferenceModeEvaluation(Training):
+    """The evaluation runs under torch.inference_mode() without model.eval()."""
+
+    def evaluate(self, state: tp.State) -> float:
+        with torch.inference_mode():
+            return float(state.model(torch.ones(4, 8, dtype=torch.float64)).abs().mean())

@@ -59,6 +59,13 @@ def test_an_evaluation_under_no_grad_in_train_mode_names_the_buffers_and_the_dro
         "backbone.1.num_batches_tracked and it drew from torch's RNG stream of training (dropout in head.0).")
 
 
+def test_an_evaluation_under_inference_mode_in_train_mode() -> None:
+    result = tp.check_train_mode(recipes.InferenceModeEvaluation)
+    assert found(result) == [("eval_in_train_mode", "modules.backbone.1", 2, "eval_in_train_mode")]
+    assert result.violations[0].message.startswith("The forward of 'model' at step 2 ran under torch.inference_mode() "
+                                                   "with modules in train mode")
+
+
 def test_a_forward_whose_output_is_never_back_propagated_is_an_evaluation() -> None:
     result = tp.check_train_mode(recipes.LoggedForward, steps=1)
     assert found(result) == [("eval_in_train_mode", "modules.backbone.1", 1, "eval_in_train_mode")]
