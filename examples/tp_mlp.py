@@ -82,7 +82,8 @@ def parallelize(model: MLP, mesh: DeviceMesh, fault: str | None = None) -> None:
     if fault == "missing_grad_reduction":
         # Registered before ColwiseParallel's own pre-hook, which then finds its input already replicated.
         def replicate(module: nn.Module, args: tuple[torch.Tensor]) -> tuple[DTensor]:
-            return (_ReplicatedWithoutGradReduction.apply(args[0], mesh),)  # type: ignore[no-untyped-call]
+            # torch 2.14 types Function.apply; earlier stubs do not
+            return (_ReplicatedWithoutGradReduction.apply(args[0], mesh),)  # type: ignore[no-untyped-call,unused-ignore]
 
         model.up.register_forward_pre_hook(replicate)
     down = RowwiseParallel(output_layouts=Partial()) if fault == "missing_reduction" else RowwiseParallel()

@@ -280,7 +280,7 @@ class TestPolicies(unittest.TestCase):
             ({0: [[top, 5]], 1: [[bottom, top]]}, tp.NoCrossRankOverlap(), [("cross_rank_duplicate", 0, 1, 1, top, None)]),
         ]
         for ranks, policy, expected in cases:
-            with self.subTest(policy=policy):
+            with self.subTest(policy=repr(policy)):
                 self.assertEqual(observed(tp.check_coverage(ranks, policy=policy)), expected)
         with self.assertRaisesRegex(ValueError, "holds 18446744073709551615 IDs; a universe holds at most 2"):
             tp.check_coverage({0: [[0]]}, policy=tp.ExactlyOnce(range(bottom, top)))
@@ -414,7 +414,7 @@ class TestInputs(unittest.TestCase):
                 return int(self.hint)  # type: ignore[call-overload]
 
         for hint in (ValueError("no hint"), 0, 1, 10**12):
-            with self.subTest(hint=hint):
+            with self.subTest(hint=repr(hint)):
                 self.assertTrue(tp.check_coverage({0: Hinted(hint)}, policy=tp.ExactlyOnce(range(3))).passed)
 
     def test_sample_ids_extracts_from_structured_batches(self) -> None:

@@ -93,7 +93,7 @@ class TestRecorder(unittest.TestCase):
 
     def test_keeps_a_copy_of_reused_buffers(self) -> None:
         for buffer in (np.array([0, 1]), np.array([0, 1], dtype=np.int32), torch.tensor([0, 1])):
-            with self.subTest(type(buffer).__name__, dtype=buffer.dtype):
+            with self.subTest(type(buffer).__name__, dtype=str(buffer.dtype)):
                 recorder = tp.CoverageRecorder()
                 recorder.record(buffer)
                 buffer[:] = 5

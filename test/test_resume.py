@@ -255,4 +255,6 @@ def test_the_mixin_runs_under_plain_unittest() -> None:
         cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    assert "Ran 8 tests" in done.stderr and done.stderr.rstrip().endswith("OK")
+    # unittest's verdict is its last line of its own; native extensions may print at interpreter exit after it
+    # (torch 2.15's triton: "nanobind: leaked ...").
+    assert "Ran 8 tests" in done.stderr and "\nOK\n" in done.stderr, done.stderr

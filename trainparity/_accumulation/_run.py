@@ -16,6 +16,7 @@ import torch
 
 from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._batches._split import Microbatches, batch_size, leaves, split_batch
+from trainparity._compat import state_dict
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord
 from trainparity._recipe._modules import import_attribute
@@ -25,7 +26,7 @@ from trainparity._state._compare import Snapshot
 from trainparity._state._entries import optimizer_named_state_dict
 from trainparity._state._precision import cast_batch, convert_state, require_float64, running_in
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state, to_leaf
+from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state
 
 SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]
 
@@ -90,7 +91,9 @@ def _observe_window(
 ) -> Window:
     name = type(recipe).__name__
     batch = cast_batch(next_batch(batches, recipe, f"window {window}"), payload.precision)
-    record = {path: to_leaf(leaf) for path, leaf in leaves(batch)}
+    record: Snapshot = {}
+    for path, leaf in leaves(batch):
+        flatten(path, leaf, record)  # a nested tensor's components, a sparse one's values
     if payload.microbatches is None:
         observer.zero_grad()
         parts: Sequence[Any] = [batch]
@@ -111,7 +114,7 @@ def _observe_window(
         flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers)
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
-        flatten(entry, scheduler.state_dict(), schedulers)
+        flatten(entry, state_dict(scheduler), schedulers)
     return Window(record, _sizes(parts), calls, observer.take_step_events(), parameters, optimizers, schedulers)
 
 

@@ -12,7 +12,7 @@ from typing import Any, Self
 import torch
 import torch.nn.functional as F
 
-from trainparity._state._digest import gathered
+from trainparity._state._tensors import gathered
 
 
 def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor | None:

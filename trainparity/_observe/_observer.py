@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
+from trainparity._compat import GradScaler
 from trainparity._observe._forwards import ForwardRecorder
 from trainparity._observe._hooks import (
     DROPOUT_FUNCTIONS,
@@ -109,7 +110,7 @@ class Observer(HookSet):
         self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
         self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
         self.modules = {entry: unwrap_module(module) for entry, module in state_objects(state, nn.Module)}
-        scalers = [v for _, v in state_objects(state, torch.amp.GradScaler) if v.is_enabled()]
+        scalers = [v for _, v in state_objects(state, GradScaler) if v.is_enabled()]
         # With several enabled scalers we cannot tell which one scaled a gradient: record them as they are.
         self.scaler = scalers[0] if len(scalers) == 1 else None
         #: optimizer entry -> [(parameter name, parameter)] in param_groups order
@@ -422,11 +423,14 @@ class Observer(HookSet):
                 tensor.grad = None
 
     def parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """The State's named parameters, each once."""
+        """The State's named parameters with values, each once (a lazy module's are not, before its first
+        forward)."""
         seen: set[int] = set()
         for module in self.modules.values():
             for parameter in module.parameters():
                 name = self.names.get(id(parameter))
+                if isinstance(parameter, nn.parameter.UninitializedParameter):
+                    continue
                 if name is not None and id(parameter) not in seen:
                     seen.add(id(parameter))
                     yield name, parameter

@@ -26,10 +26,10 @@ from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import Snapshot
-from trainparity._state._digest import gathered
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import to_leaf
+from trainparity._state._tensors import gathered
 
 REFERENCE = "reference"
 

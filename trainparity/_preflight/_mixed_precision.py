@@ -14,8 +14,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
-import torch
-
+from trainparity._compat import GradScaler
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
 from trainparity._preflight._run import (
@@ -132,7 +131,7 @@ def _nonfinite_parameters(observer: Observer) -> list[str]:
 
 def _raised_in_update(error: BaseException) -> bool:
     """Whether `error` was raised inside `torch.amp.GradScaler.update`."""
-    update = torch.amp.GradScaler.update.__code__
+    update = GradScaler.update.__code__
     frame = error.__traceback__
     while frame is not None:
         if frame.tb_frame.f_code is update:
@@ -145,7 +144,7 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dic
     """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
     `scaler.update()` followed (the next `scaler.step()` would raise)."""
     with observed_recipe(payload, record_contributions=False) as (recipe, observer):
-        scalers = list(state_objects(observer.state, torch.amp.GradScaler))
+        scalers = list(state_objects(observer.state, GradScaler))
 
         def outside_scaler_step(record: CallRecord, error: Exception) -> bool:
             """Whether `error` is the GradScaler's update() refusing to run after an optimizer step outside

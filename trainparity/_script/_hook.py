@@ -42,6 +42,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from trainparity._batches._sample_ids import normalize_sample_ids
+from trainparity._compat import GradScaler
 from trainparity._observe._hooks import creates_state, step_closure
 from trainparity._process import _wire as wire
 from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
@@ -285,7 +286,7 @@ def install(run: ScriptRun, workdir: pathlib.Path) -> None:
     # wrapper that does not run Optimizer.__init__ (Lightning's, accelerate's) is not one of them.
     for cls, registry in ((torch.optim.Optimizer, recorder.optimizers),
                           (torch.optim.lr_scheduler.LRScheduler, recorder.schedulers),
-                          (torch.amp.GradScaler, recorder.scalers)):
+                          (GradScaler, recorder.scalers)):
         _register_instances(cls, registry)
 
     def excepthook(kind: type[BaseException], error: BaseException, tb: types.TracebackType | None) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainparity._state._compare import bitwise_equal
 from trainparity._state._entries import (
     State,
     entry_components,
@@ -22,15 +23,22 @@ from trainparity._state._entries import (
     unwrap_module,
 )
 from trainparity._state._rng import capture_rng, restore_rng
+from trainparity._state._tensors import uninitialized
 
 StateT = TypeVar("StateT", bound=State)
 CHECKPOINT_FORMAT = "trainparity.save_state/1"
 
 
-def _to_storable(value: Any) -> Any:
-    """Containers of tensors and scalars only, so the file loads with weights_only=True."""
+def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    """Containers of tensors and scalars only, so the file loads with weights_only=True. A container met
+    again (shared, or holding itself) is stored once, as pickle keeps references."""
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
     if isinstance(value, torch.Generator):
         return {"__generator_state__": value.get_state()}
+    if uninitialized(value):  # a lazy module's: no values, and torch.load(weights_only=True) refuses it
+        return {"__uninitialized__": isinstance(value, nn.Parameter)}
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
@@ -38,23 +46,36 @@ def _to_storable(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
-        return {k: _to_storable(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return {"__tuple__": [_to_storable(v) for v in value]}
-    if isinstance(value, list):
-        return [_to_storable(v) for v in value]
+        stored: dict[Any, Any] = memo.setdefault(id(value), {})
+        stored.update((k, _to_storable(v, memo)) for k, v in value.items())
+        return stored
+    if isinstance(value, (tuple, list)):
+        items: list[Any] = []
+        memo[id(value)] = items if isinstance(value, list) else {"__tuple__": items}
+        items.extend(_to_storable(v, memo) for v in value)
+        return memo[id(value)]
     return value
 
 
-def _from_storable(value: Any) -> Any:
+def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
+    memo = {} if memo is None else memo
+    if id(value) in memo:
+        return memo[id(value)]
     if isinstance(value, dict):
         if "__tuple__" in value and len(value) == 1:
-            return tuple(_from_storable(v) for v in value["__tuple__"])
+            return tuple(_from_storable(v, memo) for v in value["__tuple__"])
         if "__ndarray__" in value:
             return value["__ndarray__"].numpy().astype(value["dtype"])
-        return {k: _from_storable(v) for k, v in value.items()}
+        if "__uninitialized__" in value and len(value) == 1:
+            parameter = value["__uninitialized__"]
+            return nn.parameter.UninitializedParameter() if parameter else nn.parameter.UninitializedBuffer()
+        restored: dict[Any, Any] = memo.setdefault(id(value), {})
+        restored.update((k, _from_storable(v, memo)) for k, v in value.items())
+        return restored
     if isinstance(value, list):
-        return [_from_storable(v) for v in value]
+        items: list[Any] = memo.setdefault(id(value), [])
+        items.extend(_from_storable(v, memo) for v in value)
+        return items
     return value
 
 
@@ -112,7 +133,7 @@ def _restore_component(state: State, path: str, current: Any, saved: Any, names:
         target.load_state_dict(saved)
     elif isinstance(target, torch.Generator):
         target.set_state(saved["__generator_state__"])
-    elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and target.shape == saved.shape:
+    elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and _copyable(target, saved):
         with torch.no_grad():
             target.copy_(saved)
     elif isinstance(owner, list):
@@ -122,6 +143,14 @@ def _restore_component(state: State, path: str, current: Any, saved: Any, names:
     elif isinstance(owner, (nn.Module, State)) or not plain_equal(current, saved):
         # Other objects get only what changed: a DataLoader refuses any set of batch_size.
         setattr(owner, target_name, saved)
+
+
+def _copyable(target: torch.Tensor, saved: torch.Tensor) -> bool:
+    """Whether `saved` can be copied into `target` in place (kept, for references held elsewhere); a nested,
+    sparse or quantized tensor is replaced instead."""
+    shaped = not uninitialized(target) and not uninitialized(saved)
+    return (shaped and target.layout == saved.layout == torch.strided and not target.is_nested
+            and not saved.is_nested and not target.is_quantized and target.shape == saved.shape)
 
 
 def _resolve(state: State, names: list[str]) -> Any:
@@ -141,16 +170,20 @@ def _member(owner: Any, name: str) -> Any:
     return unwrap_module(member) if isinstance(member, nn.Module) else member
 
 
-def plain_equal(a: Any, b: Any) -> bool:
-    """Equality for plain values that also holds for tensors and arrays inside containers."""
+def plain_equal(a: Any, b: Any, compared: frozenset[tuple[int, int]] = frozenset()) -> bool:
+    """Equality for plain values that also holds for tensors and arrays inside containers (which may hold
+    themselves)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and bitwise_equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return bool(np.array_equal(a, b))
+    if (id(a), id(b)) in compared:
+        return True  # being compared further up: equal unless something else differs
+    inside = compared | {(id(a), id(b))}
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(plain_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(plain_equal(x, y, inside) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(plain_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(plain_equal(a[k], b[k], inside) for k in a)
     return bool(a == b)
 
 

@@ -17,6 +17,7 @@ import torch
 
 from trainparity._results._violation import JsonValue, format_number, json_safe
 from trainparity._state._digest import Digest, digest
+from trainparity._state._tensors import arithmetic_view, element_bits, opaque
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None
@@ -118,22 +119,11 @@ def mismatch_message(
     ])
 
 
-_INTEGER_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _element_bits(tensor: torch.Tensor) -> torch.Tensor:
-    """Each element's bytes as one integer (complex: two), so that `==` compares bits."""
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.is_complex():
-        flat = torch.view_as_real(flat)
-    return flat.view(_INTEGER_VIEWS[flat.element_size()]).reshape(flat.shape[0], -1)
-
-
 def bitwise_equal(expected: torch.Tensor, actual: torch.Tensor) -> bool:
     """Same dtype, shape and bytes."""
     if expected.dtype != actual.dtype or expected.shape != actual.shape:
         return False
-    return torch.equal(_element_bits(expected), _element_bits(actual))
+    return torch.equal(element_bits(expected), element_bits(actual))
 
 
 def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:
@@ -202,23 +192,25 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Co
             return Mismatch(
                 "", f"The values for attribute '{attribute}' do not match: {e} != {a}.", str(e), str(a)
             )
+    if bitwise_equal(expected, actual):
+        return None  # the common case, without the float64 copies below
+    if opaque(expected.dtype):
+        return _opaque_mismatch(expected, actual)
     rtol, atol = comparison.allowed(expected.dtype)
+    e_values, a_values = arithmetic_view(expected), arithmetic_view(actual)
     if isinstance(comparison, ExactComparison):
-        if bitwise_equal(expected, actual):
-            return None  # the common case, without the float64 copies below
-        matches = (_element_bits(expected) == _element_bits(actual)).all(dim=1).reshape(expected.shape)
+        matches = (element_bits(expected) == element_bits(actual)).all(dim=1).reshape(expected.shape)
     else:
-        if torch.equal(expected, actual):
+        if e_values.dtype.is_floating_point and _all_close(e_values, a_values, rtol, atol):
             return None
-        if expected.dtype.is_floating_point and _all_close(expected, actual, rtol, atol):
-            return None
-        matches = torch.isclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True)
+        matches = torch.isclose(e_values, a_values, rtol=rtol, atol=atol, equal_nan=True)
         if bool(matches.all()):
             return None
     floating = expected.dtype.is_floating_point or expected.dtype.is_complex
-    wide = torch.complex128 if expected.dtype.is_complex else torch.float64 if floating else torch.int64
-    e64 = expected.detach().reshape(-1).to(wide)
-    a64 = actual.detach().reshape(-1).to(wide)
+    wide = (torch.complex128 if expected.dtype.is_complex
+            else torch.float64 if floating or e_values.dtype.is_floating_point else torch.int64)
+    e64 = e_values.detach().reshape(-1).to(wide)
+    a64 = a_values.detach().reshape(-1).to(wide)
     matched = matches.reshape(-1)
     abs_diff = (a64 - e64).abs().to(torch.float64) if wide != torch.int64 else (a64 - e64).abs()
     abs_diff[matched] = 0
@@ -241,8 +233,20 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Co
         first = _unravel(int((~matched).nonzero()[0, 0]), expected.shape)
         message += (f"\nThe values are equal but their bits differ (e.g. -0.0 and 0.0, or NaNs) at index {first}: "
                     "exact comparison is bitwise.")
-    return Mismatch("", message, json_safe(expected.reshape(-1)[abs_at].item()),
-                    json_safe(actual.reshape(-1)[abs_at].item()))
+    return Mismatch("", message, json_safe(e_values.reshape(-1)[abs_at].item()),
+                    json_safe(a_values.reshape(-1)[abs_at].item()))
+
+
+def _opaque_mismatch(expected: torch.Tensor, actual: torch.Tensor) -> Mismatch:
+    """Tensors of a dtype that is only bits to torch (`bits8`, `float4_e2m1fn_x2`): which elements differ."""
+    matched = (element_bits(expected) == element_bits(actual)).all(dim=1)
+    total = expected.numel()
+    mismatched = total - int(matched.sum())
+    first = _unravel(int((~matched).nonzero()[0, 0]), expected.shape)
+    dtype = str(expected.dtype).removeprefix("torch.")
+    return Mismatch("", f"Tensor-likes are not equal!\n\nMismatched elements: {mismatched} / {total} "
+                        f"({mismatched / total:.1%})\nThe first at index {first}: {dtype} values are bits to torch, "
+                        "compared bitwise whatever the comparison.")
 
 
 def _float_bits(value: float) -> bytes:
@@ -293,7 +297,8 @@ def compare_leaves(expected: Leaf, actual: Leaf, comparison: Comparison) -> Mism
             both_float = isinstance(expected, float) and isinstance(actual, float)
             if (_float_bits(e) == _float_bits(a)) if both_float else e == a:
                 return None
-        elif e == a or (math.isnan(e) and math.isnan(a)) or abs(e - a) <= atol + rtol * abs(e):
+        elif e == a or (math.isnan(e) and math.isnan(a)) or (math.isfinite(e - a)  # inf and -inf are not close
+                                                              and abs(e - a) <= atol + rtol * abs(e)):
             return None
         difference = abs(e - a)
         relative = difference / abs(e) if e else math.inf
@@ -326,17 +331,30 @@ def _summary(value: Leaf) -> JsonValue:
     return json_safe(value)
 
 
+#: the leaves of empty containers (snapshots flatten containers into their elements' paths)
+EMPTY_DICT, EMPTY_SEQUENCE = "<empty dict>", "<empty sequence>"
+
+
+def _filled_elsewhere(path: str, value: Leaf, other: Mapping[str, Leaf]) -> bool:
+    """An empty container at `path` whose counterpart has elements: those elements' paths say what differs."""
+    if value not in (EMPTY_DICT, EMPTY_SEQUENCE):
+        return False
+    prefix = f"{path}."
+    return any(p.startswith(prefix) for p in other)
+
+
 def compare_snapshots(
     expected: Mapping[str, Leaf], actual: Mapping[str, Leaf], comparison: Comparison
 ) -> Iterator[Mismatch]:
     """Yield one Mismatch per differing path, in the expected snapshot's order, then extra paths."""
     for path, value in expected.items():
         if path not in actual:
-            yield Mismatch(path, "The entry is missing.", _summary(value), None)
+            if not _filled_elsewhere(path, value, actual):
+                yield Mismatch(path, "The entry is missing.", _summary(value), None)
             continue
         mismatch = compare_leaves(value, actual[path], comparison)
         if mismatch is not None:
             yield dataclasses.replace(mismatch, path=path)
     for path, value in actual.items():
-        if path not in expected:
+        if path not in expected and not _filled_elsewhere(path, value, expected):
             yield Mismatch(path, "The entry is unexpected.", None, _summary(value))

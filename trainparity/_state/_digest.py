@@ -21,18 +21,6 @@ from typing import Any
 
 import torch
 
-
-def gathered(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole value of a tensor: a sharded or replicated `DTensor` is gathered (a collective every
-    rank makes in the same order, as they walk the same State); other tensors are returned as they are.
-    The result may be the live tensor itself: snapshots copy it."""
-    full_tensor = getattr(tensor, "full_tensor", None)  # DTensor's, without importing torch.distributed
-    if callable(full_tensor):
-        whole: torch.Tensor = full_tensor()
-        return whole
-    return tensor
-
-
 #: tensors of more bytes than this are digested where digests are asked for; smaller ones travel whole
 DIGEST_ABOVE_BYTES = 64 * 1024
 _ROW_WORDS = 64
@@ -60,11 +48,14 @@ def is_wire_digest(value: object) -> bool:
 
 
 def digest(tensor: torch.Tensor) -> Digest:
-    """The digest of `tensor`'s values (read in place: no copy of a contiguous CPU tensor)."""
-    flat = gathered(tensor).detach().to("cpu").contiguous().reshape(-1)
+    """The digest of a dense tensor's values (`_tensors.readable`), read in place: no copy of a contiguous CPU
+    tensor. Any dtype: its bytes are hashed."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     raw = flat.view(torch.uint8)
+    if raw.data_ptr() % 8:  # a view into a buffer at an offset that is no whole word: words need a copy
+        raw = raw.clone()
     whole = raw.numel() - raw.numel() % _ROW_BYTES
     rows = raw[:whole].view(torch.int64).view(-1, _ROW_WORDS)
     hasher = hashlib.blake2b(digest_size=16)
@@ -73,8 +64,3 @@ def digest(tensor: torch.Tensor) -> Digest:
     hasher.update(rows.sum(0).numpy().tobytes())
     hasher.update(raw[whole:].numpy().tobytes())
     return Digest(str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), hasher.hexdigest())
-
-
-def digestible(tensor: torch.Tensor) -> bool:
-    """Dense, strided tensors: their bytes are their values."""
-    return tensor.layout == torch.strided and not tensor.is_quantized

@@ -73,12 +73,14 @@ def is_leaf(value: Any) -> bool:
     return isinstance(value, (*SCALARS, torch.Tensor, np.ndarray, np.generic, torch.Generator))
 
 
-def is_plain(value: Any) -> bool:
-    """Leaves and containers of leaves: what a plain attribute may hold to be state."""
-    if isinstance(value, (list, tuple)):
-        return all(is_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, (str, int)) and is_plain(v) for k, v in value.items())
+def is_plain(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
+    """Leaves and containers of leaves (any keys; a container may hold itself): what a plain attribute may
+    hold to be state."""
+    if isinstance(value, (list, tuple, dict)):
+        if id(value) in enclosing:
+            return True  # a back-reference: the snapshot shows it as such
+        inside = enclosing | {id(value)}
+        return all(is_plain(v, inside) for v in (value.values() if isinstance(value, dict) else value))
     return is_leaf(value) and not isinstance(value, torch.Generator)
 
 
@@ -176,7 +178,8 @@ def module_names(state: State) -> dict[int, str]:
 
 def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
     """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
-    tensor entries that are `nn.Parameter`s or require grad, named by their entry."""
+    tensor entries that are `nn.Parameter`s or require grad, named by their entry. A lazy module's parameters
+    count once its first forward gave them values."""
     names = parameter_names(state)
     found: dict[int, tuple[str, torch.Tensor]] = {}
     for _, module in state_objects(state, nn.Module):
@@ -185,7 +188,7 @@ def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
     for path, tensor in state_objects(state, torch.Tensor):
         if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
             found.setdefault(id(tensor), (path, tensor))
-    return found
+    return {key: found[key] for key in found if not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
 
 
 def state_objects(state: State, kind: type[T]) -> Iterator[tuple[str, T]]:
@@ -219,11 +222,13 @@ def optimizer_named_state_dict(optimizer: torch.optim.Optimizer, names: dict[int
     return {"state": named, "param_groups": groups}
 
 
-def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[tuple[str, Any]]:
+def entry_components(name: str, value: Any, names: dict[int, str],
+                     enclosing: frozenset[int] = frozenset()) -> Iterator[tuple[str, Any]]:
     """The state-carrying parts of one State entry as (path, structured value) pairs.
 
     The structured values are state dicts, containers and leaves; `_snapshot` flattens
-    them into paths, `save_state` stores them. Generators are yielded as they are.
+    them into paths, `save_state` stores them. Generators are yielded as they are. A list
+    of models that holds itself is walked once.
     """
     if isinstance(value, torch.optim.Optimizer):
         yield name, optimizer_named_state_dict(value, names)
@@ -236,13 +241,14 @@ def entry_components(name: str, value: Any, names: dict[int, str]) -> Iterator[t
         yield name, value.state_dict()
     elif is_plain(value) or isinstance(value, torch.Generator):
         yield name, value
-    elif isinstance(value, (list, tuple)):  # e.g. a list of models or optimizers
+    elif isinstance(value, (list, tuple)) and id(value) not in enclosing:  # e.g. a list of models or optimizers
         for index, item in enumerate(value):
-            yield from entry_components(f"{name}.{index}", item, names)
-    elif isinstance(value, dict) and all(isinstance(k, str) and "." not in k for k in value):
+            yield from entry_components(f"{name}.{index}", item, names, enclosing | {id(value)})
+    elif (isinstance(value, dict) and id(value) not in enclosing
+          and all(isinstance(k, str) and "." not in k for k in value)):
         for key, item in value.items():
-            yield from entry_components(f"{name}.{key}", item, names)
-    else:
+            yield from entry_components(f"{name}.{key}", item, names, enclosing | {id(value)})
+    elif not isinstance(value, (list, tuple, dict)):
         yield from _object_components(name, value, set(), depth=3)
 
 

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._state._compare import Leaf, Snapshot
-from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest, digestible, gathered
+from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Leaf, Snapshot
+from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest
 from trainparity._state._entries import State, entry_components, parameter_names
 from trainparity._state._rng import capture_rng
+from trainparity._state._tensors import copied_to_cpu, leaf, readable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class Digesting:
         return cls(full=frozenset(next((paths for at, paths in whole if at == step), ())))
 
     def applies(self, path: str, value: torch.Tensor) -> bool:
-        return value.nbytes > self.above and path not in self.full and digestible(value)
+        return value.nbytes > self.above and path not in self.full
 
 
 def state_entry(path: str) -> str:
@@ -41,32 +42,88 @@ def state_entry(path: str) -> str:
     return path.split(".", 1)[0]
 
 
+def key_text(key: object) -> str:
+    """A container key as a path component: strings as they are, other keys by their repr (`1`, `(0, 'q')`)
+    unless it holds an address, which would differ between runs (then the key's type)."""
+    if isinstance(key, str):
+        return key
+    text = repr(key)
+    return text if " at 0x" not in text else f"<{type(key).__qualname__}>"
+
+
+def _keyed_items(value: dict[Any, Any]) -> list[tuple[str, Any]]:
+    """A dict's items by path component; keys that read alike (`1` and `'1'`) are told apart by their repr."""
+    texts = [key_text(key) for key in value]
+    clashing = {text for text in texts if texts.count(text) > 1}
+    return [(repr(key) if text in clashing else text, item) for text, (key, item) in zip(texts, value.items(),
+                                                                                          strict=True)]
+
+
 def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None) -> None:
     """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested)."""
-    if isinstance(value, dict):
-        for key, item in value.items():
-            flatten(f"{path}.{key}", item, out, digesting)
-    elif isinstance(value, (list, tuple)):
-        if all(isinstance(v, (bool, int, float)) for v in value) and value:
-            out[path] = torch.tensor(value, dtype=torch.float64 if any(isinstance(v, float) for v in value)
-                                     else torch.int64)
+    _flatten(path, value, out, digesting, {})
+
+
+def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str]) -> None:
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
+            out[path] = f"<the container at {enclosing[id(value)]}>"
+            return
+        numbers = _number_tensor(value)
+        if numbers is not None:
+            out[path] = numbers
+            return
+        if not value:  # an empty container is a value too: None, {} and a missing entry differ
+            out[path] = EMPTY_DICT if isinstance(value, dict) else EMPTY_SEQUENCE
+            return
+        enclosing[id(value)] = path
+        items = _keyed_items(value) if isinstance(value, dict) else [(str(i), v) for i, v in enumerate(value)]
+        for key, item in items:
+            _flatten(f"{path}.{key}", item, out, digesting, enclosing)
+        del enclosing[id(value)]
+    elif isinstance(value, (torch.Tensor, np.ndarray)):
+        values = readable(value) if isinstance(value, torch.Tensor) else _array_values(value)
+        if isinstance(values, list):  # a nested tensor's components, an array of strings or objects
+            _flatten(path, values, out, digesting, enclosing)
+        elif isinstance(values, str):
+            out[path] = values
+        elif digesting is not None and digesting.applies(path, values):
+            out[path] = digest(values)
         else:
-            for index, item in enumerate(value):
-                flatten(f"{path}.{index}", item, out, digesting)
-    elif isinstance(value, torch.Tensor) and digesting is not None and digesting.applies(path, value):
-        out[path] = digest(value)
+            out[path] = copied_to_cpu(values)
     else:
         out[path] = to_leaf(value)
 
 
+def _number_tensor(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> torch.Tensor | None:
+    """A non-empty list or tuple of numbers as one tensor leaf (float64 if any is a float, else int64); None
+    for other containers, and for integers beyond int64, which stay Python ints element by element."""
+    if isinstance(value, dict) or not value or not all(isinstance(v, (bool, int, float)) for v in value):
+        return None
+    try:
+        return torch.tensor(value, dtype=torch.float64 if any(isinstance(v, float) for v in value) else torch.int64)
+    except (RuntimeError, OverflowError, ValueError):  # 'Overflow when unpacking long long'
+        return None
+
+
+def _array_values(array: np.ndarray[Any, Any]) -> torch.Tensor | list[Any]:
+    """An array's values as a tensor (a copy: the array may change); one of a dtype torch lacks (strings,
+    objects, float128) as a list of its items."""
+    try:
+        return torch.from_numpy(np.array(array, copy=True))
+    except TypeError:
+        items: list[Any] = array.tolist()
+        return items
+
+
 def to_leaf(value: Any) -> Leaf:
+    """One value that is no container as a snapshot leaf: a tensor's values copied to the CPU (or a note, see
+    `_tensors.leaf`), a generator's state, a scalar; an unknown object by its type alone."""
     if isinstance(value, torch.Tensor):
-        return gathered(value).detach().to("cpu", copy=True)
+        return leaf(value)
     if isinstance(value, torch.Generator):
         return value.get_state()
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.array(value, copy=True))
-    if isinstance(value, np.generic):
+    if isinstance(value, np.generic) and not isinstance(value, (np.void, np.object_)):
         item: Leaf = value.item()
         return item
     if value is None or isinstance(value, (bool, int, float, str)):

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.amp.grad_scaler import GradScaler  # torch 2.7's stubs do not export it from torch.amp
 
 import trainparity as tp
 
@@ -26,7 +27,7 @@ class AmpRegression(tp.Recipe):
     def setup(self) -> tp.State:
         model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        return tp.State(model=model, optimizer=optimizer, scaler=torch.amp.GradScaler("cpu"))
+        return tp.State(model=model, optimizer=optimizer, scaler=GradScaler("cpu"))
 
     def batches(self, state: tp.State) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = torch.Generator().manual_seed(0)
