@@ -8,6 +8,9 @@ from typing import Any
 import mode_recipes as recipes
 import preflight_recipes
 import pytest
+import torch
+from tensor_kinds import KINDS, changed
+from torch import nn
 
 import trainparity as tp
 from trainparity._preflight._frozen import FrozenTrace
@@ -107,6 +110,41 @@ def test_a_frozen_teacher_in_the_state_is_watched_under_its_entry() -> None:
     result = tp.check_frozen(recipes.Distillation)
     assert result.passed, result.report()
     assert "teacher.backbone.1.running_mean" in result.notes[0]
+
+
+#: kinds of tensor a frozen module's buffer may be
+BUFFER_KINDS = ["sparse_coo", "nested", "quantized", "dtype_float8_e4m3fn", "dtype_bool", "dtype_uint32",
+                "dtype_complex64", "empty", "zero_dim", "noncontiguous"]
+
+
+class FrozenKinds(recipes.FrozenBackbone):
+    """The frozen backbone holds buffers of many kinds; `change` replaces one of them by assignment in step()."""
+
+    def __init__(self, change: str | None = None) -> None:
+        self.change = change
+
+    def model(self) -> nn.Module:
+        model = super().model()
+        for kind in BUFFER_KINDS:
+            model.backbone.register_buffer(f"kind_{kind}", KINDS[kind](0))
+        return model
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        if self.change is not None:
+            setattr(state.model.backbone, f"kind_{self.change}", changed(KINDS[self.change](0))[0])
+        return super().step(state, batch)
+
+
+@pytest.mark.parametrize("change", [None, *BUFFER_KINDS])
+def test_frozen_buffers_of_every_kind_are_read_as_every_check_reads_them(change: str | None) -> None:
+    result = tp.check_frozen(FrozenKinds(change), steps=1)
+    if change is None:
+        assert result.passed, result.report()
+        assert "and 13 buffers" in result.notes[0]
+    else:
+        assert found(result) == [("frozen_buffer_changed", f"buffers.backbone.kind_{change}", 1,
+                                  "frozen_buffer_changed")], result.report()
+        assert result.report().isascii()
 
 
 def test_declared_globs_select_parameters_and_buffers() -> None:

@@ -29,7 +29,7 @@ from trainparity._preflight._run import (
     unmatched_globs,
     validate_globs,
 )
-from trainparity._preflight._watch import FrozenWatch, WatchRecord, watch_violations
+from trainparity._preflight._watch import BufferRef, FrozenWatch, WatchRecord, watch_violations
 from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
@@ -69,27 +69,19 @@ class FrozenTrace:
 # -- the run (in the child) -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass
-class Buffer:
-    tensor: torch.Tensor
-    #: its module and the module's class
-    module: str
-    module_type: str
-    #: whether every parameter of its module (or of the closest module around it that has some) is frozen
-    frozen: bool
-
-
-def state_buffers(state: State) -> dict[str, Buffer]:
-    """The persistent buffers of the State's modules (those their state_dict holds), by name (`buffer_names`)."""
+def state_buffers(state: State) -> dict[str, tuple[BufferRef, bool]]:
+    """The persistent buffers of the State's modules (those their state_dict holds), by name (`buffer_names`), each
+    with whether every parameter of its module (or of the closest module around it that has some) is frozen."""
     names, modules = buffer_names(state), module_names(state)
-    found: dict[str, Buffer] = {}
+    found: dict[str, tuple[BufferRef, bool]] = {}
 
     def visit(module: nn.Module, inherited: bool) -> None:
         parameters = list(module.parameters())
         frozen = not any(p.requires_grad for p in parameters) if parameters else inherited
         for attribute, buffer in module._buffers.items():
             if buffer is not None and attribute not in module._non_persistent_buffers_set and id(buffer) in names:
-                found.setdefault(names[id(buffer)], Buffer(buffer, modules[id(module)], type(module).__name__, frozen))
+                reference = BufferRef(module, attribute, modules[id(module)], type(module).__name__)
+                found.setdefault(names[id(buffer)], (reference, frozen))
         for child in module.children():
             visit(child, frozen)
 
@@ -107,18 +99,19 @@ def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> dict[str, Any]:
         if not module_prefixes(state):
             return FrozenTrace(watch.record, NO_MODULE).to_wire()
         parameters = {f"parameters.{name}": p for name, p in state_parameters(state).values()}
-        buffers = {f"buffers.{name}": buffer for name, buffer in state_buffers(state).items()}
+        buffers = {f"buffers.{name}": found for name, found in state_buffers(state).items()}
+        watched: dict[str, torch.Tensor | BufferRef]
         if payload.frozen is None:
-            tensors = {path: p for path, p in parameters.items() if not p.requires_grad}
-            tensors.update({path: b.tensor for path, b in buffers.items() if b.frozen})
+            watched = {path: p for path, p in parameters.items() if not p.requires_grad}
+            watched.update({path: reference for path, (reference, frozen) in buffers.items() if frozen})
         else:
             names = [path.split(".", 1)[1] for path in [*parameters, *buffers]]
             misuse = unmatched_globs(payload.frozen, names, "frozen", "parameter or buffer of the State")
             if misuse is not None:
                 return FrozenTrace(watch.record, misuse).to_wire()
-            every = {**parameters, **{path: b.tensor for path, b in buffers.items()}}
-            tensors = {path: tensor for path, tensor in every.items() if matches(path.split(".", 1)[1], payload.frozen)}
-        watch.start(observer, tensors, {}, {path: (b.module, b.module_type) for path, b in buffers.items()})
+            every: dict[str, torch.Tensor | BufferRef] = {**parameters, **{p: ref for p, (ref, _) in buffers.items()}}
+            watched = {path: source for path, source in every.items() if matches(path.split(".", 1)[1], payload.frozen)}
+        watch.start(observer, watched, {})
         for call in observed_calls(recipe, observer, payload.steps):
             watch.end_call(call.number, call.record.forwards)
     return FrozenTrace(watch.record).to_wire()

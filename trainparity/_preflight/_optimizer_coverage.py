@@ -153,7 +153,7 @@ def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> 
                 for _, p in pairs if id(p) in known}
         # The frozen ones from now on, the others from the moment they are seen frozen.
         watch.start(observer, {path: p for path, p in held.values() if not p.requires_grad},
-                    {key: (path, p) for key, (path, p) in held.items() if p.requires_grad}, {})
+                    {key: (path, p) for key, (path, p) in held.items() if p.requires_grad})
         # The observer's gradient hooks sit on the trainable parameters its optimizers held at setup().
         hooked = {id(p): name for pairs in observer.optimizer_parameters.values() for name, p in pairs
                   if p.requires_grad and id(p) in known}

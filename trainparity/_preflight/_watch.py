@@ -1,11 +1,14 @@
 """Frozen tensors watched through the observed steps: what the frozen check and the optimizer coverage check share.
 
-`FrozenWatch` keeps a copy of each frozen parameter and buffer and compares it, bitwise, at the points where
-the observer can tell what changed it: before each optimizer step (what the recipe's code or a forward pass
-did since the last point), after it (what that optimizer did, with the parameter's `.grad`, its group's weight
-decay and its optimizer state as they were at the step), and at the end of each `step()` call. A buffer that
-changed in a train-mode forward of its module (`ForwardRecorder`) is blamed on that forward. The records
-travel to the parent, where `watch_violations` turns them into violations with one message per cause.
+`FrozenWatch` keeps a copy of each frozen parameter and buffer, read as every check reads a tensor
+(`_state/_tensors.py: readable`: dequantized, densified, a nested tensor's components, gathered), and compares
+it, bitwise, at the points where the observer can tell what changed it: before each optimizer step (what the
+recipe's code or a forward pass did since the last point), after it (what that optimizer did, with the
+parameter's `.grad`, its group's weight decay and its optimizer state as they were at the step), and at the
+end of each `step()` call. A buffer that changed in a train-mode forward of its module (`ForwardRecorder`) is
+blamed on that forward. A buffer is followed by its module and attribute, so one replaced by assignment
+(`module.stats = new`) is seen too. The records travel to the parent, where `watch_violations` turns them
+into violations with one message per cause.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import dataclasses
 from typing import Any
 
 import torch
+from torch import nn
 
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import ForwardRecord
 from trainparity._results._violation import Violation
-from trainparity._state._compare import EXACT, bitwise_equal, compare_tensors
+from trainparity._state._compare import EXACT, bitwise_equal, compare_leaves
+from trainparity._state._tensors import readable
 
 
 @dataclasses.dataclass
@@ -81,15 +86,62 @@ class WatchRecord:
         return cls(events, {path: list(steps) for path, steps in data["stepped"].items()}, list(data["frozen"]))
 
 
+#: a watched tensor's values: its dense values (a nested tensor's components), or a note where it has none
+Values = list[torch.Tensor] | str
+
+
+def _values(tensor: torch.Tensor | None) -> Values:
+    if tensor is None:
+        return "<removed>"
+    values = readable(tensor.detach())
+    return values if isinstance(values, (list, str)) else [values]
+
+
+def _copy(values: Values) -> Values:
+    return values if isinstance(values, str) else [value.clone() for value in values]
+
+
+def _same(before: Values, after: Values) -> bool:
+    if isinstance(before, str) or isinstance(after, str):
+        return before == after
+    return len(before) == len(after) and all(bitwise_equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+def _difference(before: Values, after: Values) -> str:
+    """How `after` differs from `before`, in the comparison's words (the first component that differs)."""
+    if isinstance(before, str) or isinstance(after, str) or len(before) != len(after):
+        shown = [v if isinstance(v, str) else f"{len(v)} component(s)" for v in (before, after)]
+        return f"Values are not equal!\n\nExpected {shown[0]} but got {shown[1]}."
+    for index, (b, a) in enumerate(zip(before, after, strict=True)):
+        mismatch = compare_leaves(b.cpu(), a.cpu(), EXACT)  # the message is built where its numbers are read
+        if mismatch is not None:
+            return mismatch.message + (f"\nThe failure occurred for component {index}." if len(before) > 1 else "")
+    return "Values are not equal!"
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferRef:
+    """A buffer, followed by its module and attribute, with the module's name and class for the messages."""
+
+    module: nn.Module
+    attribute: str
+    name: str
+    kind: str
+
+    def tensor(self) -> torch.Tensor | None:
+        return self.module._buffers.get(self.attribute)
+
+
 @dataclasses.dataclass
 class _Watched:
-    tensor: torch.Tensor
-    #: its value when it was first seen frozen, and at the last point compared
-    reference: torch.Tensor
-    last: torch.Tensor
-    #: a buffer's module and its class
-    module: str | None = None
-    module_type: str | None = None
+    #: a parameter, or a buffer's reference
+    source: torch.Tensor | BufferRef
+    #: its values when it was first seen frozen, and at the last point compared
+    reference: Values
+    last: Values
+
+    def current(self) -> torch.Tensor | None:
+        return self.source.tensor() if isinstance(self.source, BufferRef) else self.source
 
 
 def _grad_kind(grad: torch.Tensor | None) -> str:
@@ -112,19 +164,18 @@ class FrozenWatch:
         self._stepping: dict[str, Change] = {}
         self._trainable_seen: set[tuple[str, int]] = set()
 
-    def start(self, observer: Observer, tensors: dict[str, torch.Tensor],
-              candidates: dict[int, tuple[str, torch.Tensor]], modules: dict[str, tuple[str, str]]) -> None:
-        """Watch `tensors` (path -> tensor; `modules`: a buffer's path -> its module and class) from now on, and
-        each of `candidates` from the point it is first seen frozen."""
+    def start(self, observer: Observer, watched: dict[str, torch.Tensor | BufferRef],
+              candidates: dict[int, tuple[str, torch.Tensor]]) -> None:
+        """Watch `watched` (path -> a parameter, or a buffer's reference) from now on, and each parameter of
+        `candidates` from the point it is first seen frozen."""
         self._observer = observer
         self._candidates = dict(candidates)
-        for path, tensor in tensors.items():
-            self._watch(path, tensor, *modules.get(path, (None, None)))
+        for path, source in watched.items():
+            self._watch(path, source)
 
-    def _watch(self, path: str, tensor: torch.Tensor, module: str | None = None,
-               module_type: str | None = None) -> None:
-        value = tensor.detach().clone()
-        self._watched[path] = _Watched(tensor, value, value, module, module_type)
+    def _watch(self, path: str, source: torch.Tensor | BufferRef) -> None:
+        value = _copy(_values(source.tensor() if isinstance(source, BufferRef) else source))
+        self._watched[path] = _Watched(source, value, value)
         self.record.frozen.append(path)
 
     def _discover(self) -> None:
@@ -136,24 +187,25 @@ class FrozenWatch:
     def _compare(self, path: str, by: str, step: int) -> Change | None:
         """The change of `path` since the last point compared, if any (the last point moves to now)."""
         watched = self._watched[path]
-        current = watched.tensor.detach()
-        if bitwise_equal(watched.last, current):
+        tensor = watched.current()
+        current = _values(tensor)
+        if _same(watched.last, current):
             return None
-        now = current.cpu()  # the message is built where its numbers are read
-        mismatch = (compare_tensors(watched.reference.cpu(), now, EXACT)
-                    or compare_tensors(watched.last.cpu(), now, EXACT))
-        assert mismatch is not None
-        watched.last = current.clone()
-        return Change(path, step, by, mismatch.message, trainable=watched.tensor.requires_grad,
-                      module=watched.module, module_type=watched.module_type)
+        mismatch = _difference(watched.last if _same(watched.reference, current) else watched.reference, current)
+        watched.last = _copy(current)
+        source = watched.source
+        buffer = source if isinstance(source, BufferRef) else None
+        return Change(path, step, by, mismatch, trainable=tensor is not None and tensor.requires_grad,
+                      module=buffer.name if buffer else None, module_type=buffer.kind if buffer else None)
 
     def _look(self, step: int) -> None:
         """Compare everything watched (a change is the recipe's code's until an optimizer or a forward is blamed);
         record what required grad and held a gradient."""
         self._discover()
         for path, watched in self._watched.items():
-            tensor = watched.tensor
-            if tensor.requires_grad and tensor.grad is not None and (path, step) not in self._trainable_seen:
+            tensor = watched.current()
+            if (tensor is not None and tensor.requires_grad and tensor.grad is not None
+                    and (path, step) not in self._trainable_seen):
                 self._trainable_seen.add((path, step))
                 self.record.events.append(Trainable(path, step))
             change = self._compare(path, "code", step)
@@ -167,7 +219,7 @@ class FrozenWatch:
             return
         step = self._observer.call_index
         self._look(step)
-        paths = {id(w.tensor): path for path, w in self._watched.items()}
+        paths = {id(w.source): path for path, w in self._watched.items() if isinstance(w.source, torch.Tensor)}
         for group in optimizer.param_groups:
             for parameter in group["params"]:
                 path = paths.get(id(parameter))
