@@ -38,6 +38,7 @@ from torch.utils.hooks import RemovableHandle
 
 from trainparity._observe._hooks import DROPOUT_FUNCTIONS, HookSet, patch_functions
 from trainparity._observe._records import ForwardPass, ForwardRecord, ModeSwitch
+from trainparity._state._compare import bitwise_equal
 from trainparity._state._entries import State, buffer_names, module_names, module_prefixes
 from trainparity._state._rng import torch_rng_states
 
@@ -61,6 +62,12 @@ def mode_matters(module: nn.Module) -> bool:
     if isinstance(module, _NormBase):
         return bool(module.track_running_stats)
     return not isinstance(module, _FAST_PATH_ONLY)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """A buffer whose values a forward may update in place and the recorder compares as they are (a sparse,
+    nested or quantized one is compared by the frozen check's watch only)."""
+    return tensor.layout == torch.strided and not tensor.is_quantized and not tensor.is_nested
 
 
 def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -176,8 +183,9 @@ class ForwardRecorder(HookSet):
         own = self.own_buffers.get(id(module))
         before = None
         if own and vars(module).get("training", False) and not recomputed:
-            before = {attribute: module._buffers[attribute].detach().clone()  # type: ignore[union-attr]
-                      for attribute in own}
+            buffers = {attribute: module._buffers.get(attribute) for attribute in own}
+            before = {attribute: buffer.detach().clone() for attribute, buffer in buffers.items()
+                      if buffer is not None and _dense(buffer)}
         self._running.append(_Running(module, name, before, recomputed))
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -191,7 +199,7 @@ class ForwardRecorder(HookSet):
             own = self.own_buffers[id(module)]
             for attribute, before in running.buffers.items():
                 after = module._buffers.get(attribute)
-                changed = after is not None and not torch.equal(before, after.detach())
+                changed = after is not None and not bitwise_equal(before, after.detach())
                 if changed and own[attribute] not in current.buffers:
                     current.buffers.append(own[attribute])
         if self._running:
