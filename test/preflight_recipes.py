@@ -103,6 +103,60 @@ class UnfreezesWithoutOptimizing(FrozenInOptimizer):
         return super().step(state, batch)
 
 
+class StaleGradAdamW(FrozenInOptimizer):
+    """The first layer trained once in setup(), then frozen; zero_grad(set_to_none=False) keeps its gradient (zeros),
+    so AdamW's moments and weight decay keep moving it."""
+
+    def setup(self) -> tp.State:
+        model = mlp()
+        optimizer = self.optimizer(model)
+        state = tp.State(model=model, optimizer=optimizer)
+        super().step(state, next(iter(self.batches(state))))
+        model[0].requires_grad_(False)
+        return state
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        loss = self.loss(state, batch)
+        state.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        state.optimizer.step()
+        return loss.detach()
+
+
+class StaleGradPlainSGD(StaleGradAdamW):
+    """The same stale gradients under plain SGD: a zero gradient and no momentum or weight decay move nothing."""
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=1e-2)
+
+
+class FreezesLaterWithStaleGrad(StaleGradAdamW):
+    """The first layer trains in step 1 and is frozen from step 2 on, its gradients kept (as zeros)."""
+
+    def setup(self) -> tp.State:
+        model = mlp()
+        return tp.State(model=model, optimizer=self.optimizer(model), calls=0)
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        state.calls += 1
+        if state.calls == 2:
+            state.model[0].requires_grad_(False)
+        return super().step(state, batch)
+
+
+class UnfreezesHeldParameters(FrozenInOptimizer):
+    """Progressive unfreezing done right: the optimizer holds the frozen layer from the start, unfrozen in step 2."""
+
+    def setup(self) -> tp.State:
+        return tp.State(**vars(super().setup()), calls=0)
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        state.calls += 1
+        if state.calls == 2:
+            state.model[0].requires_grad_(True)
+        return super().step(state, batch)
+
+
 class OptimizerForCopy(MLP):
     """The optimizer is built, then the model is rebuilt: the optimizer holds the first copy's parameters."""
 

@@ -109,7 +109,7 @@ def test_help_lists_exit_codes_and_explains_every_option() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
-                                     "coverage", "optimizer-coverage", "mixed-precision"}
+                                     "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode"}
     for name, command in [("python -m trainparity", parser), *commands.choices.items()]:
         text = command.format_help()
         for status, outcome in [(0, "PASS"), (1, "FAIL"), (2, "ABSTAIN"), (3, "ERROR"), (4, "usage error")]:
@@ -231,3 +231,16 @@ def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith("trainparity data_parallel check: FAIL at gradients.")
     assert json.loads(target.read_text())["first_violation"]["cause"] == "grads_not_synchronized"
+
+
+def test_frozen_and_train_mode_commands_from_a_real_process(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "result.json"
+    done = run_cli("frozen", "mode_recipes:BackboneInTrainMode", "--steps", "1", "--isolation", "spawn",
+                   "--timeout", "120", "--json", str(target))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith(
+        "trainparity frozen check: FAIL at buffers.backbone.1.running_mean (frozen_module_in_train_mode, step 1)\n")
+    assert json.loads(target.read_text())["first_violation"]["kind"] == "frozen_buffer_changed"
+    done = run_cli("train-mode", "mode_recipes:FrozenBackbone", "--eval-modules", "backbone", "--json", str(target))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(target.read_text())["config"]["eval_modules"] == ["backbone"]

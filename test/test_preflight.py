@@ -37,11 +37,13 @@ def test_tied_weights_are_one_parameter_not_a_parameter_in_several_groups() -> N
     assert result.notes == ["Tied weights are one parameter each: transformer.wte.weight (also lm_head.weight)."]
 
 
-def test_a_frozen_tied_weight_is_named_with_its_other_name() -> None:
-    result = tp.check_optimizer_coverage(recipes.GPTHeadFrozen)
-    assert found(result) == [("frozen_param_optimized", "parameters.transformer.wte.weight", 0,
-                              "frozen_param_optimized")]
-    assert "(shape [32, 16], tied: also lm_head.weight) is frozen" in result.violations[0].message
+def test_a_frozen_tied_weight_that_never_moves_is_a_note() -> None:
+    result = tp.check_optimizer_coverage(recipes.GPTHeadFrozen, steps=2)
+    assert result.passed, result.report()
+    assert result.notes == [
+        "Tied weights are one parameter each: transformer.wte.weight (also lm_head.weight).",
+        "Held but frozen: transformer.wte.weight: torch's optimizers skip a parameter while its .grad is None; "
+        "check_frozen verifies it stays put."]
 
 
 def test_param_not_optimized() -> None:
@@ -67,10 +69,42 @@ def test_param_in_several_groups(recipe: type[tp.Recipe], listings: str) -> None
     assert {v.kind for v in result.violations} == {"param_in_several_groups"}
 
 
-def test_frozen_param_optimized() -> None:
-    result = tp.check_optimizer_coverage(recipes.FrozenInOptimizer)
-    assert found(result) == [("frozen_param_optimized", "parameters.0.weight", 0, "frozen_param_optimized"),
-                             ("frozen_param_optimized", "parameters.0.bias", 0, "frozen_param_optimized")]
+def test_an_optimizer_holding_every_parameter_is_fine_while_the_frozen_ones_never_move() -> None:
+    """mmcv's optimizer builder gives the optimizer every parameter: torch's optimizers skip those whose .grad is
+    None, so the frozen ones stay put."""
+    result = tp.check_optimizer_coverage(recipes.FrozenInOptimizer, steps=2)
+    assert result.passed, result.report()
+    assert result.notes == ["Held but frozen: 0.weight, 0.bias: torch's optimizers skip a parameter while its .grad "
+                            "is None; check_frozen verifies it stays put."]
+
+
+def test_a_frozen_parameter_that_an_optimizer_moves_is_frozen_param_changed() -> None:
+    result = tp.check_optimizer_coverage(recipes.StaleGradAdamW, steps=2)
+    assert found(result) == [("frozen_param_changed", "parameters.0.weight", 1, "frozen_param_changed"),
+                             ("frozen_param_changed", "parameters.0.bias", 1, "frozen_param_changed")]
+    message = result.violations[0].message
+    assert "optimizer 'optimizer' (AdamW) stepped it: its .grad is not None (all zeros" in message
+    assert "(exp_avg, exp_avg_sq) and its group's weight_decay=0.01 moved it" in message
+    assert message.endswith("Also at step 2.")
+
+
+def test_a_frozen_parameter_stepped_with_a_stale_gradient_that_did_not_move_is_frozen_param_optimized() -> None:
+    result = tp.check_optimizer_coverage(recipes.StaleGradPlainSGD, steps=2)
+    assert found(result) == [("frozen_param_optimized", "parameters.0.weight", 1, "frozen_param_optimized"),
+                             ("frozen_param_optimized", "parameters.0.bias", 1, "frozen_param_optimized")]
+    assert ("is frozen (requires_grad=False) and optimizer.param_groups.0 holds it, but its .grad was not None at "
+            "steps 1, 2") in result.violations[0].message
+
+
+def test_a_parameter_frozen_during_training_is_watched_from_then_on() -> None:
+    result = tp.check_optimizer_coverage(recipes.FreezesLaterWithStaleGrad, steps=3)
+    assert found(result) == [("frozen_param_changed", "parameters.0.weight", 2, "frozen_param_changed"),
+                             ("frozen_param_changed", "parameters.0.bias", 2, "frozen_param_changed")]
+
+
+def test_a_held_parameter_unfrozen_on_purpose_trains_without_a_finding() -> None:
+    result = tp.check_optimizer_coverage(recipes.UnfreezesHeldParameters, steps=2)
+    assert result.passed, result.report()
 
 
 def test_optimizer_for_another_copy_of_the_model() -> None:
@@ -92,13 +126,11 @@ def test_a_module_replaced_after_the_optimizer_was_built() -> None:
     result = tp.check_optimizer_coverage(HeadReplacedAfterOptimizer)
     assert found(result) == [
         ("optimizer_for_other_model", "optimizer", 0, "optimizer_for_other_model"),
-        ("frozen_param_optimized", "parameters.0.0.weight", 0, "frozen_param_optimized"),
-        ("frozen_param_optimized", "parameters.0.0.bias", 0, "frozen_param_optimized"),
-        ("frozen_param_optimized", "parameters.0.2.weight", 0, "frozen_param_optimized"),
-        ("frozen_param_optimized", "parameters.0.2.bias", 0, "frozen_param_optimized"),
         ("param_not_optimized", "parameters.1.weight", 0, "param_not_optimized"),
         ("param_not_optimized", "parameters.1.bias", 0, "param_not_optimized"),
     ]
+    assert result.notes == ["Held but frozen: 0.0.weight, 0.0.bias, 0.2.weight, 0.2.bias: torch's optimizers skip a "
+                            "parameter while its .grad is None; check_frozen verifies it stays put."]
     message = result.violations[0].message
     assert "2 of its 6 parameters belong to no module" in message and "one replaced after the optimizer" in message
 

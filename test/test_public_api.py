@@ -15,6 +15,7 @@ CONTRACT_NAMES = {
     "check_resume", "load_state", "save_state", "split_batch", "strategies",
     "assert_resume_equivalent", "assert_accumulation_equivalent", "assert_coverage", "assert_data_parallel_equivalent",
     "check_optimizer_coverage", "check_mixed_precision", "assert_optimizer_coverage", "assert_mixed_precision_safe",
+    "check_frozen", "assert_frozen", "FrozenResult", "check_train_mode", "assert_train_mode", "TrainModeResult",
 }
 
 
@@ -41,4 +42,6 @@ def test_nothing_public_beyond_all() -> None:
 def test_outcomes_and_mixin() -> None:
     assert [o.value for o in tp.Outcome] == ["PASS", "FAIL", "ABSTAIN", "ERROR"]
     assert issubclass(tp.TestCase, tp.TrainParityMixin)
+    assert callable(tp.TrainParityMixin.assertFrozen) and callable(tp.TrainParityMixin.assertTrainMode)
+    assert issubclass(tp.FrozenResult, tp.Result) and issubclass(tp.TrainModeResult, tp.Result)
     assert tp.Violation("k", "p", "m").worker is None

@@ -76,16 +76,22 @@ CHECKS: dict[str, Callable[[tp.Recipe, str, float], tp.Result]] = {
         recipe, steps=2, isolation=isolation, timeout=timeout),
     "mixed_precision": lambda recipe, isolation, timeout: tp.check_mixed_precision(
         recipe, steps=2, isolation=isolation, timeout=timeout),
+    "frozen": lambda recipe, isolation, timeout: tp.check_frozen(recipe, steps=2, isolation=isolation, timeout=timeout),
+    "train_mode": lambda recipe, isolation, timeout: tp.check_train_mode(
+        recipe, steps=2, isolation=isolation, timeout=timeout),
 }
 #: each check's own isolation, and the phases of a run it reaches
 DEFAULTS = {"resume": "process", "accumulation": "inprocess", "data_parallel": "process",
-            "optimizer_coverage": "inprocess", "mixed_precision": "inprocess"}
+            "optimizer_coverage": "inprocess", "mixed_precision": "inprocess", "frozen": "inprocess",
+            "train_mode": "inprocess"}
 PHASES = {
     "resume": ("setup", "batches", "step", "sample_ids", "save", "load"),
     "accumulation": ("setup", "batches", "step"),
     "data_parallel": ("setup", "batches", "step", "sample_ids"),
     "optimizer_coverage": ("setup", "batches", "step"),
     "mixed_precision": ("setup", "batches", "step"),
+    "frozen": ("setup", "batches", "step"),
+    "train_mode": ("setup", "batches", "step"),
 }
 
 

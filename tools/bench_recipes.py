@@ -148,3 +148,33 @@ class GPT(tp.Recipe):
         loss.backward()  # type: ignore[no-untyped-call]
         state.optimizer.step()
         return loss.detach()
+
+
+class FineTuneMLP(tp.Recipe):
+    """A small MLP classifier fine-tuned: a frozen encoder (Linear, BatchNorm, ReLU) kept in eval mode, a head with
+    dropout; AdamW holds every parameter; an evaluation every 2 steps (eval mode, no_grad, train mode after)."""
+
+    def setup(self) -> tp.State:
+        encoder = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU()).requires_grad_(False).eval()
+        model = nn.Sequential(encoder, nn.Dropout(0.1), nn.Linear(32, 10))
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), position=0)
+
+    def batches(self, state: tp.State) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            state.position += 1
+            yield torch.randn(16, 16, generator=generator), torch.randint(0, 10, (16,), generator=generator)
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(state.model(x), y)
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        state.optimizer.step()
+        if state.position % 2 == 0:
+            state.model.eval()
+            with torch.no_grad():
+                state.model(x)
+            state.model.train()
+            state.model[0].eval()
+        return loss.detach()

@@ -1,8 +1,9 @@
 """The validation matrix: `python tools/validate.py [--write docs/validation.md]`.
 
 Runs the clean controls and the deliberate faults of the realistic examples in `examples/`
-through the resume, accumulation and coverage checks, and (surface "parallel") through the resume
-and data-parallel checks on real gloo ranks, and compares each outcome and first
+through the resume, accumulation and coverage checks, (surface "parallel") through the resume
+and data-parallel checks on real gloo ranks, and (surfaces "frozen" and "train-mode") through the
+frozen, optimizer coverage and train-mode checks, and compares each outcome and first
 violation (path and cause) with what the fault declares. Prints one table per surface; with
 `--write FILE`, also writes the tables, the exact command and the versions that produced them.
 Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise (the
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT / "examples"))  # the examples are modules the check
 
 import charlm  # noqa: E402
 import cnn  # noqa: E402
+import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
 import stateful_loader  # noqa: E402
 import tp_mlp  # noqa: E402
@@ -49,7 +51,7 @@ torch.set_num_threads(1)
 # Faulted recipes step the scheduler out of order on purpose; torch warns about it.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
 
-SURFACES = ("resume", "accumulation", "coverage", "parallel")
+SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
 #: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
 ACCUMULATION = {"microbatches": 4, "cycles": 2}
@@ -144,6 +146,24 @@ def sharded(fault: str | None = None) -> Callable[[], tp.Result]:
 def tensor_parallel(fault: str | None = None) -> Callable[[], tp.Result]:
     """The tensor-parallel MLP on 2 ranks against one process."""
     return lambda: tp.check_data_parallel(tp_mlp.TensorParallelMLP(fault), world_size=2, steps=2, timeout=120.0)
+
+
+#: what examples/finetune.py freezes after its warm-up, and keeps in eval mode (mmcv's norm_eval)
+FINETUNE_FROZEN = ["backbone.stem.*", "backbone.stages.0.*"]
+FINETUNE_IN_EVAL = ["backbone.stem", "backbone.stages.0"]
+
+
+def frozen(fault: str | None = None, declared: bool = False) -> Callable[[], tp.Result]:
+    """The fine-tuning loop's frozen stages, as setup() froze them or as declared."""
+    return lambda: tp.check_frozen(finetune.FineTune(fault), frozen=FINETUNE_FROZEN if declared else None)
+
+
+def optimizer_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_optimizer_coverage(finetune.FineTune(fault), steps=2)
+
+
+def train_mode(fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_train_mode(finetune.FineTune(fault), eval_modules=FINETUNE_IN_EVAL)
 
 
 def restored(path: str) -> Expect:
@@ -267,6 +287,30 @@ CASES = [
          tensor_parallel("missing_grad_reduction"), Expect("gradients.embed.weight", "tp_partial_not_reduced")),
     Case("parallel", "tp_mlp", "rank_seeded_shuffle", "each rank shuffles with its own seed: other batches",
          tensor_parallel("rank_seeded_shuffle"), Expect("data.sample_ids", "rank_shard_overlap")),
+    # -- frozen: what fine-tuning freezes stays put ------------------------------------------------------
+    Case("frozen", "finetune", "clean", "stem and first stage frozen after a warm-up, their BatchNorms in eval",
+         frozen()),
+    Case("frozen", "finetune", "clean (declared)", "frozen='backbone.stem.*', 'backbone.stages.0.*'",
+         frozen(declared=True)),
+    Case("frozen", "finetune", "clean (optimizer coverage)",
+         "AdamW holds every parameter (mmcv's builder); the frozen ones never move: a note", optimizer_coverage()),
+    Case("frozen", "finetune", "stale_grad", "zero_grad(set_to_none=False): AdamW moves the frozen stages",
+         frozen("stale_grad"), Expect("parameters.backbone.stem.0.weight", "frozen_param_changed")),
+    Case("frozen", "finetune", "stale_grad (optimizer coverage)", "the same loop, seen by check_optimizer_coverage",
+         optimizer_coverage("stale_grad"), Expect("parameters.backbone.stem.0.weight", "frozen_param_changed")),
+    Case("frozen", "finetune", "bn_in_train_mode", "frozen with requires_grad_(False) alone: BatchNorm stats update",
+         frozen("bn_in_train_mode"), Expect("buffers.backbone.stem.1.running_mean", "frozen_module_in_train_mode")),
+    Case("frozen", "finetune", "frozen_stages_never_applied",
+         "mmpretrain issue 702: frozen_stages applied only in train(), never called",
+         frozen("frozen_stages_never_applied", declared=True),
+         Expect("parameters.backbone.stem.0.weight", "frozen_param_trainable")),
+    # -- train-mode: train in train mode, evaluate in eval mode -----------------------------------------
+    Case("train-mode", "finetune", "clean", "evaluation every 2 steps: eval(), no_grad(), train() after",
+         train_mode()),
+    Case("train-mode", "finetune", "eval_without_train", "the evaluation never calls model.train() after eval()",
+         train_mode("eval_without_train"), Expect("modules.backbone.stages.1.0.1", "module_left_in_eval")),
+    Case("train-mode", "finetune", "eval_in_train_mode", "the evaluation runs under no_grad() without model.eval()",
+         train_mode("eval_in_train_mode"), Expect("modules.backbone.stages.1.0.1", "eval_in_train_mode")),
 ]
 
 
@@ -390,7 +434,8 @@ def document(rows: list[Row], total: float) -> str:
         "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, judged in "
         "float64 (the default `precision`) with its fixed tolerance. Parallel checks on gloo ranks: resume "
         "`steps=6, resume_at=3, world_size=2` (exact on the same world size, float64 with its tolerance across "
-        "a change), data parallel `world_size=2` in float64.",
+        "a change), data parallel `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
+        "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages.",
         "",
     ]
     for surface in SURFACES:

@@ -12,11 +12,13 @@ from trainparity._assertions import (
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
+    assert_frozen,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
+    assert_train_mode,
 )
 from trainparity._batches._split import split_batch
 from trainparity._coverage import (
@@ -31,17 +33,24 @@ from trainparity._coverage import (
     tag_workers,
 )
 from trainparity._parallel import check_data_parallel
-from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
+from trainparity._preflight import (
+    check_frozen,
+    check_mixed_precision,
+    check_optimizer_coverage,
+    check_train_mode,
+)
 from trainparity._recipe._recipe import LossAccounting, Recipe
 from trainparity._results._result import (
     AccumulationResult,
     CoverageResult,
     DataParallelResult,
+    FrozenResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
     Result,
     ResumeResult,
     RunsResult,
+    TrainModeResult,
 )
 from trainparity._results._violation import ChildError, Outcome, Violation
 from trainparity._resume import check_resume
@@ -63,6 +72,7 @@ __all__ = [
     "ExactComparison",
     "ExactlyOnce",
     "ExpectedPadding",
+    "FrozenResult",
     "LossAccounting",
     "MixedPrecisionResult",
     "NoCrossRankOverlap",
@@ -76,6 +86,7 @@ __all__ = [
     "State",
     "TestCase",
     "ToleranceComparison",
+    "TrainModeResult",
     "TrainParityMixin",
     "Violation",
     "WorkerBatch",
@@ -83,19 +94,23 @@ __all__ = [
     "assert_accumulation_equivalent",
     "assert_coverage",
     "assert_data_parallel_equivalent",
+    "assert_frozen",
     "assert_mixed_precision_safe",
     "assert_optimizer_coverage",
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
+    "assert_train_mode",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
+    "check_frozen",
     "check_mixed_precision",
     "check_optimizer_coverage",
     "check_resume",
     "check_resume_script",
     "check_runs_equivalent",
+    "check_train_mode",
     "load_state",
     "probe",
     "save_state",

@@ -24,7 +24,12 @@ from trainparity._accumulation._run import SplitFunction
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
 from trainparity._parallel import check_data_parallel
-from trainparity._preflight import check_mixed_precision, check_optimizer_coverage
+from trainparity._preflight import (
+    check_frozen,
+    check_mixed_precision,
+    check_optimizer_coverage,
+    check_train_mode,
+)
 from trainparity._process._options import Isolation
 from trainparity._process._session import Precision
 from trainparity._recipe._reference import RecipeSpec
@@ -32,11 +37,13 @@ from trainparity._results._result import (
     AccumulationResult,
     CoverageResult,
     DataParallelResult,
+    FrozenResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
     Result,
     ResumeResult,
     RunsResult,
+    TrainModeResult,
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._resume import check_resume
@@ -306,4 +313,41 @@ def assert_mixed_precision_safe(
     validate_options(msg, abstain)
     result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps, seed=seed,
                                    isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_frozen(
+    recipe: RecipeSpec,
+    *,
+    frozen: str | list[str] | tuple[str, ...] | None = None,
+    steps: int = 2,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> FrozenResult:
+    """`tp.check_frozen(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_frozen(recipe, frozen=frozen, steps=steps, seed=seed, isolation=isolation, timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_train_mode(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 3,
+    eval_modules: str | list[str] | tuple[str, ...] | None = None,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> TrainModeResult:
+    """`tp.check_train_mode(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_train_mode(recipe, steps=steps, eval_modules=eval_modules, seed=seed, isolation=isolation,
+                              timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)

@@ -22,10 +22,12 @@ from trainparity._results._result import (
     AccumulationResult,
     CoverageResult,
     DataParallelResult,
+    FrozenResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
     Result,
     ResumeResult,
+    TrainModeResult,
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
@@ -141,6 +143,20 @@ def _run_mixed_precision(args: argparse.Namespace, spec: Spec, _recipe: object) 
 
     return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps, seed=args.seed,
                                  isolation=args.isolation, timeout=args.timeout)
+
+
+def _run_frozen(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
+    from trainparity._preflight import check_frozen
+
+    return check_frozen(spec.text, frozen=args.frozen, steps=args.steps, seed=args.seed, isolation=args.isolation,
+                        timeout=args.timeout)
+
+
+def _run_train_mode(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
+    from trainparity._preflight import check_train_mode
+
+    return check_train_mode(spec.text, steps=args.steps, eval_modules=args.eval_modules, seed=args.seed,
+                            isolation=args.isolation, timeout=args.timeout)
 
 
 def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
@@ -279,6 +295,27 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, default=4, help="calls of step() observed (default: 4)")
     add("--max-skipped-steps", type=int, default=None, metavar="N",
         help="optimizer steps the GradScaler may skip (default: half of its scaler.step() calls)")
+
+    frozen = _command(commands, "frozen", "frozen parameters and buffers stay bitwise unchanged through a few steps, "
+                      "and what moved one (a stale gradient, weight decay, a BatchNorm in train mode)",
+                      Command(_run_frozen, FrozenResult))
+    _recipe_options(frozen, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
+    add = frozen.add_argument
+    add("--frozen", action="append", default=None, metavar="GLOB",
+        help="a glob over parameter and buffer names that are meant to stay frozen, e.g. 'backbone.*'; repeat it for "
+             "several (default: the parameters with requires_grad=False after setup(), and the buffers of the modules "
+             "whose parameters are all frozen)")
+    add("--steps", type=int, default=2, help="calls of step() observed (default: 2)")
+
+    train_mode = _command(commands, "train-mode", "train/eval mode: the modules whose behaviour depends on their mode "
+                          "train in train mode, and evaluations leave the training alone",
+                          Command(_run_train_mode, TrainModeResult))
+    _recipe_options(train_mode, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
+    add = train_mode.add_argument
+    add("--steps", type=int, default=3, help="calls of step() observed (default: 3)")
+    add("--eval-modules", action="append", default=None, metavar="GLOB",
+        help="a glob over module names deliberately in eval mode (a frozen BatchNorm backbone), e.g. 'backbone'; "
+             "a module inside a declared one is declared too; repeat it for several (default: none)")
 
     script = commands.add_parser(
         "resume-script", help="resume equivalence of an unmodified training script, run as real processes",

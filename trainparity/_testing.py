@@ -20,12 +20,14 @@ from trainparity._assertions import (
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
+    assert_frozen,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
     assert_passed,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
+    assert_train_mode,
 )
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
@@ -84,6 +86,8 @@ class TrainParityMixin:
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)
     assertOptimizerCoverage = _method(assert_optimizer_coverage)
     assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
+    assertFrozen = _method(assert_frozen)
+    assertTrainMode = _method(assert_train_mode)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

@@ -4,9 +4,13 @@ for optimizer steps that are not training."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import sys
+from collections.abc import Callable
 from typing import Any, Self
 
 import torch
+import torch.nn.functional as F
 
 from trainparity._state._tensors import gathered
 
@@ -60,3 +64,67 @@ def step_closure(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs
     call's arguments with the optimizer itself first."""
     positional = args[1:] if args and args[0] is optimizer else args
     return positional[0] if positional else kwargs.get("closure")
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionalDropout:
+    """A functional dropout of `torch.nn.functional`, and how a call of it says whether it drops."""
+
+    name: str
+    #: where its probability is passed (position, keyword), and its default
+    position: int
+    keyword: str
+    default: float
+    #: the default of its `training` argument, passed right after the probability; None: it has none (it drops
+    #: whenever its probability is above 0)
+    training: bool | None
+
+    def probability(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return args[self.position] if len(args) > self.position else kwargs.get(self.keyword, self.default)
+
+    def drops(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the call drops: a probability above 0, in training."""
+        if self.training is None:
+            active: Any = True
+        elif len(args) > self.position + 1:
+            active = args[self.position + 1]
+        else:
+            active = kwargs.get("training", self.training)
+        return bool(self.probability(args, kwargs)) and bool(active)
+
+    def without_dropout(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments with its probability set to 0."""
+        if len(args) > self.position:
+            return (*args[:self.position], 0.0, *args[self.position + 1:]), kwargs
+        return args, {**kwargs, self.keyword: 0.0}
+
+
+#: the functional dropouts (`nn.MultiheadAttention` calls `scaled_dot_product_attention(dropout_p=...)`)
+DROPOUT_FUNCTIONS: dict[Callable[..., Any], FunctionalDropout] = {
+    F.dropout: FunctionalDropout("F.dropout", 1, "p", 0.5, True),
+    F.dropout1d: FunctionalDropout("F.dropout1d", 1, "p", 0.5, True),
+    F.dropout2d: FunctionalDropout("F.dropout2d", 1, "p", 0.5, True),
+    F.dropout3d: FunctionalDropout("F.dropout3d", 1, "p", 0.5, True),
+    F.alpha_dropout: FunctionalDropout("F.alpha_dropout", 1, "p", 0.5, False),
+    F.feature_alpha_dropout: FunctionalDropout("F.feature_alpha_dropout", 1, "p", 0.5, False),
+    F.scaled_dot_product_attention: FunctionalDropout("F.scaled_dot_product_attention", 4, "dropout_p", 0.0, None),
+}
+
+
+def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: dict[Callable[..., Any], str],
+                    make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
+    """Replace `functions` (torch's, each named) by `make_wrapper(function, name)` in torch's namespaces and in the
+    recipe's own modules, where `from torch.nn.utils import clip_grad_norm_` bound the name at import; each
+    replacement's undoing goes on `stack`."""
+    import torch.nn.utils.clip_grad as clip_grad
+
+    namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
+    namespaces += [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
+    # by id: a namespace (torch.nn.functional) holds hundreds of names, each looked up once
+    wrappers = {id(original): make_wrapper(original, name) for original, name in functions.items()}
+    for namespace in dict.fromkeys(namespaces):
+        for attribute, value in list(vars(namespace).items()):
+            wrapper = wrappers.get(id(value))
+            if wrapper is not None:  # `functions` holds the object, so its id is no other object's
+                setattr(namespace, attribute, wrapper)
+                stack.callback(setattr, namespace, attribute, value)

@@ -17,7 +17,9 @@ every one of them on exit, exceptions included:
   mode, or (batch_dependent="eval") running them in eval mode;
 - dropout (when asked): the probabilities of dropout modules set to 0, and the functional
   dropouts of `torch.nn.functional` (also `scaled_dot_product_attention(dropout_p=...)`, which
-  `nn.MultiheadAttention` calls) run with probability 0.
+  `nn.MultiheadAttention` calls) run with probability 0;
+- the forward passes of the State's modules (when asked): in which mode they ran, what they
+  changed and drew, who switched a module's mode (`_forwards.ForwardRecorder`).
 
 The clipping and dropout functions are module attributes shared by the whole process, so
 in-process observation holds a lock: two observed runs never overlap.
@@ -26,20 +28,26 @@ in-process observation holds a lock: two observed runs never overlap.
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import torch.nn.utils.clip_grad as clip_grad
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from trainparity._compat import GradScaler
-from trainparity._observe._hooks import HookSet, creates_state, grad_copy, step_closure
+from trainparity._observe._forwards import ForwardRecorder
+from trainparity._observe._hooks import (
+    DROPOUT_FUNCTIONS,
+    HookSet,
+    creates_state,
+    grad_copy,
+    patch_functions,
+    step_closure,
+)
 from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
@@ -50,16 +58,6 @@ CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
     clip_grad.clip_grad_norm: "clip_grad_norm",
     clip_grad.clip_grad_value_: "clip_grad_value_",
     torch.nn.utils.clip_grads_with_norm_: "clip_grads_with_norm_",
-}
-#: the functional dropouts, and where their probability is passed (position, keyword)
-DROPOUT_FUNCTIONS: dict[Callable[..., Any], tuple[str, int, str]] = {
-    F.dropout: ("F.dropout", 1, "p"),
-    F.dropout1d: ("F.dropout1d", 1, "p"),
-    F.dropout2d: ("F.dropout2d", 1, "p"),
-    F.dropout3d: ("F.dropout3d", 1, "p"),
-    F.alpha_dropout: ("F.alpha_dropout", 1, "p"),
-    F.feature_alpha_dropout: ("F.feature_alpha_dropout", 1, "p"),
-    F.scaled_dot_product_attention: ("F.scaled_dot_product_attention", 4, "dropout_p"),
 }
 OBSERVATION_LOCK = threading.RLock()
 #: how many gradient elements (over all parameters) a diagnosis sample keeps, about
@@ -75,7 +73,9 @@ class Observer(HookSet):
 
     Between `begin_call()` and `end_call()` everything observed is attributed to that call.
     `record_contributions` turns on the per-parameter gradient hooks (a sample per backward).
-    `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first. `fingerprint_rng=False`
+    `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first, and `after_step(entry,
+    optimizer)` in every post-hook, last (neither for a step that only creates an optimizer's state).
+    `record_forwards` records the forward passes of each call (`CallRecord.forwards`). `fingerprint_rng=False`
     leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a millisecond).
 
     What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
@@ -92,6 +92,8 @@ class Observer(HookSet):
         record_contributions: bool,
         batch_dependent: str = "fail",
         before_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
+        after_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
+        record_forwards: bool = False,
         fingerprint_rng: bool = True,
     ) -> None:
         super().__init__()
@@ -102,6 +104,8 @@ class Observer(HookSet):
         self.record_contributions = record_contributions
         self.batch_dependent_mode = batch_dependent
         self.before_step_callback = before_step
+        self.after_step_callback = after_step
+        self.forwards = ForwardRecorder(state, recipe_type) if record_forwards else None
         self.names = parameter_names(state)
         self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
         self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
@@ -173,9 +177,11 @@ class Observer(HookSet):
                 if self.disable_dropout:
                     self._disable_dropout_module(path, sub)
         self._patch(CLIP_FUNCTIONS, self._clip_wrapper)
+        if self.forwards is not None:  # its dropout wrappers record: they must not wrap ones that disable dropout
+            assert not self.disable_dropout, "record_forwards observes dropout as the recipe has it"
+            stack.enter_context(self.forwards)
         if self.disable_dropout:
-            self._patch({function: name for function, (name, _, _) in DROPOUT_FUNCTIONS.items()},
-                        self._dropout_wrapper)
+            self._patch({function: spec.name for function, spec in DROPOUT_FUNCTIONS.items()}, self._dropout_wrapper)
 
     def _wrap_method(self, obj: Any, name: str, before: Callable[..., None],
                      after: Callable[..., None] | None = None) -> None:
@@ -219,17 +225,8 @@ class Observer(HookSet):
 
     def _patch(self, functions: dict[Callable[..., Any], str],
                make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
-        """Replace `functions` in torch's namespaces and in the recipe's own modules, where
-        `from torch.nn.utils import clip_grad_norm_` bound the name at import; undone on exit."""
-        namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
-        namespaces += [sys.modules[c.__module__] for c in self.recipe_type.__mro__ if c.__module__ in sys.modules]
-        wrappers = {original: make_wrapper(original, name) for original, name in functions.items()}
-        for namespace in dict.fromkeys(namespaces):
-            for attribute, value in list(vars(namespace).items()):
-                wrapper = next((w for original, w in wrappers.items() if value is original), None)
-                if wrapper is not None:
-                    setattr(namespace, attribute, wrapper)
-                    self._stack.callback(setattr, namespace, attribute, value)
+        """Replace `functions` in torch's namespaces and in the recipe's own modules; undone on exit."""
+        patch_functions(self._stack, self.recipe_type, functions, make_wrapper)
 
     # -- the hooks -----------------------------------------------------------------------------------
 
@@ -286,6 +283,8 @@ class Observer(HookSet):
         self.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1
+        if self.after_step_callback is not None:
+            self.after_step_callback(entry, optimizer)
 
     def _scheduler_step(self, entry: str, *args: Any, **kwargs: Any) -> None:
         if self.call is not None:
@@ -355,19 +354,14 @@ class Observer(HookSet):
         return wrapper
 
     def _dropout_wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
-        _, position, keyword = next(v for k, v in DROPOUT_FUNCTIONS.items() if k is original)
+        spec = DROPOUT_FUNCTIONS[original]
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if len(args) > position:
-                p, args = args[position], (*args[:position], 0.0, *args[position + 1:])
-            else:
-                p = kwargs.get(keyword, 0.5 if keyword == "p" else 0.0)
-                kwargs[keyword] = 0.0
-            # F.dropout(x, p, training): only an active dropout is worth naming
-            active = args[2] if keyword == "p" and len(args) > 2 else kwargs.get("training", True)
-            if p and active and function not in self.dropout.functions:
+            # only an active dropout is worth naming
+            if spec.drops(args, kwargs) and function not in self.dropout.functions:
                 self.dropout.functions.append(function)
+            args, kwargs = spec.without_dropout(args, kwargs)
             return original(*args, **kwargs)
 
         return wrapper
@@ -393,12 +387,16 @@ class Observer(HookSet):
         self._clip_records = []
         self.call = CallRecord(dict.fromkeys(self.optimizers, 0), dict.fromkeys(self.schedulers, 0), [], {},
                                self._rng_fingerprint())
+        if self.forwards is not None:
+            self.forwards.begin_call(index)
 
     def end_call(self) -> CallRecord:
         assert self.call is not None
         call, self.call = self.call, None
         call.rng_end = self._rng_fingerprint()
         self._clip_records = []
+        if self.forwards is not None:
+            call.forwards = self.forwards.end_call()
         return call
 
     def sample(self, tensor: torch.Tensor, scale: float | None = None) -> torch.Tensor:

@@ -82,6 +82,8 @@ class CallRecord:
     numerator: float | None = None
     denominator: float | None = None
     scaler_steps: list[ScalerStep] = dataclasses.field(default_factory=list)
+    #: the forward passes of the State's modules and the mode switches (with `Observer(record_forwards=True)`)
+    forwards: ForwardRecord | None = None
 
 
 @dataclasses.dataclass
@@ -94,3 +96,63 @@ class Dropout:
     inactive: list[str] = dataclasses.field(default_factory=list)
     #: functional dropouts called with a probability above 0, by name
     functions: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class ForwardPass:
+    """One outermost forward call of a module of the State, and what it did."""
+
+    #: the module called (named as `module_names` names it)
+    module: str
+    #: torch's grad mode and inference mode at the call
+    grad: bool
+    inference: bool
+    #: whether the module has a parameter that requires grad
+    trainable: bool
+    #: whether a backward pass went through one of its outputs; None: no output required grad
+    reached: bool | None = None
+    #: [module, training] for each module whose forward read its `training`, in the order of first reads
+    modes: list[list[Any]] = dataclasses.field(default_factory=list)
+    #: [module, function, training] for each functional dropout that dropped, with the calling module and its mode
+    dropouts: list[list[Any]] = dataclasses.field(default_factory=list)
+    #: the buffers that a forward of their module in train mode changed
+    buffers: list[str] = dataclasses.field(default_factory=list)
+    #: whether it drew from torch's RNG streams
+    rng: bool = False
+    #: when it began, among the passes and mode switches of the run
+    order: int = 0
+
+    @property
+    def in_train_mode(self) -> list[str]:
+        """The modules that read `training` as True, in order."""
+        return [name for name, training in self.modes if training]
+
+
+@dataclasses.dataclass
+class ModeSwitch:
+    """A module of the State set to train or eval mode."""
+
+    module: str
+    training: bool
+    #: the step() call it happened in, or (`inside` False) whose batch was being drawn
+    step: int
+    inside: bool
+    #: the call that switched it and where: `model.eval() in Trainer.evaluate (train.py:88)`
+    site: str
+    #: when it happened, among the passes and mode switches of the run
+    order: int = 0
+
+
+@dataclasses.dataclass
+class ForwardRecord:
+    """The forward passes of one step() call, and the mode switches since the last one."""
+
+    passes: list[ForwardPass] = dataclasses.field(default_factory=list)
+    switches: list[ModeSwitch] = dataclasses.field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ForwardRecord:
+        return cls([ForwardPass(**p) for p in data["passes"]], [ModeSwitch(**s) for s in data["switches"]])

@@ -4,8 +4,10 @@ The run records, right after `setup()` (step 0) and after the last step, every p
 State (its modules' and its tensor entries that require grad or are `nn.Parameter`s) with the
 optimizer groups that list it, and every optimizer parameter that belongs to none of them; during
 each step, through the observer's gradient hooks, the trainable parameters an optimizer holds that
-no gradient reached. Parameters are identified by object, so tied weights (GPT's `wte` and
-`lm_head`) are one parameter under its first name.
+no gradient reached; and, through the `FrozenWatch` (`_watch.py`) that the frozen check also uses, whether
+a frozen parameter an optimizer holds changed or was stepped with a `.grad` that was not None (a frozen
+parameter that is neither is harmless: torch's optimizers skip a parameter whose `.grad` is None). Parameters
+are identified by object, so tied weights (GPT's `wte` and `lm_head`) are one parameter under its first name.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from trainparity._preflight._run import (
     once_per_path,
     steps_text,
 )
+from trainparity._preflight._watch import Change, FrozenWatch, WatchRecord, change_violation
 from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import OptimizerCoverageResult
 from trainparity._results._violation import Outcome, Violation
-from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
+from trainparity._state._entries import State, state_objects, state_parameters, unwrap_module
 
 __all__ = ["check_optimizer_coverage"]
 
@@ -86,32 +89,21 @@ class CoverageTrace:
     layouts: list[Layout]
     #: per step: the trainable parameters an optimizer holds that got no gradient (None: no parameter got one)
     without_grad: list[list[str] | None]
+    #: the frozen parameters the optimizers held right after setup() (or once seen frozen), watched
+    watch: WatchRecord
 
     def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"layouts": [dataclasses.asdict(layout) for layout in self.layouts], "without_grad": self.without_grad,
+                "watch": self.watch.to_wire()}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> CoverageTrace:
         return cls([Layout.from_wire(layout) for layout in data["layouts"]],
-                   [None if names is None else list(names) for names in data["without_grad"]])
+                   [None if names is None else list(names) for names in data["without_grad"]],
+                   WatchRecord.from_wire(data["watch"]))
 
 
 # -- the run (in the child) -------------------------------------------------------------------------
-
-
-def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
-    """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
-    tensor entries that are `nn.Parameter`s or require grad, named by their entry. A lazy module's parameters
-    count once its first forward gave them values."""
-    names = parameter_names(state)
-    found: dict[int, tuple[str, torch.Tensor]] = {}
-    for _, module in state_objects(state, nn.Module):
-        for parameter in unwrap_module(module).parameters():
-            found.setdefault(id(parameter), (names[id(parameter)], parameter))
-    for path, tensor in state_objects(state, torch.Tensor):
-        if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
-            found.setdefault(id(tensor), (path, tensor))
-    return {key: found[key] for key in found if not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
 
 
 def _tied_names(state: State, parameters: dict[int, tuple[str, torch.Tensor]]) -> dict[int, list[str]]:
@@ -149,23 +141,33 @@ def _layout(state: State, step: int) -> Layout:
 
 
 def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
-    """Task: the layouts after setup() and after the steps, and the parameters without a gradient per step."""
-    with observed_recipe(payload, record_contributions=True) as (recipe, observer):
+    """Task: the layouts after setup() and after the steps, the parameters without a gradient per step, and the
+    frozen parameters the optimizers hold, watched."""
+    watch = FrozenWatch()
+    with observed_recipe(payload, record_contributions=True, before_step=watch.before_step,
+                         after_step=watch.after_step) as (recipe, observer):
         state = observer.state
         layouts = [_layout(state, 0)]
         known = state_parameters(state)
+        held = {id(p): (f"parameters.{known[id(p)][0]}", p) for pairs in observer.optimizer_parameters.values()
+                for _, p in pairs if id(p) in known}
+        # The frozen ones from now on, the others from the moment they are seen frozen.
+        watch.start(observer, {path: p for path, p in held.values() if not p.requires_grad},
+                    {key: (path, p) for key, (path, p) in held.items() if p.requires_grad})
         # The observer's gradient hooks sit on the trainable parameters its optimizers held at setup().
         hooked = {id(p): name for pairs in observer.optimizer_parameters.values() for name, p in pairs
                   if p.requires_grad and id(p) in known}
         without_grad: list[list[str] | None] = []
         for call in observed_calls(recipe, observer, payload.steps):
+            watch.end_call(call.number, None)
             got = call.record.contribution
-            # None: no parameter an optimizer holds got a gradient (a call without a backward pass)
-            without_grad.append([known[key][0] for key, name in hooked.items() if name not in got]
-                                if got or not hooked else None)
+            # None: no parameter an optimizer holds got a gradient (a call without a backward pass); one frozen
+            # during the run is not missing its gradient
+            without_grad.append([known[key][0] for key, name in hooked.items()
+                                 if name not in got and known[key][1].requires_grad] if got or not hooked else None)
         if payload.steps:
             layouts.append(_layout(state, payload.steps))
-    return CoverageTrace(layouts, without_grad).to_wire()
+    return CoverageTrace(layouts, without_grad, watch.record).to_wire()
 
 
 # -- the judgement (in the parent) ------------------------------------------------------------------
@@ -230,13 +232,42 @@ def _layout_violations(layout: Layout) -> Iterator[Violation]:
                    "(see optimizer_for_other_model)." if copy else
                    "Add it to an optimizer, or freeze it with requires_grad_(False) if it is not meant to train."),
                 step=step, cause="optimizer_for_other_model" if copy else "param_not_optimized")
-        if not parameter.trainable and parameter.groups:
-            yield Violation(
+
+
+def _frozen_findings(trace: CoverageTrace, layouts: list[Layout]) -> tuple[list[Violation], list[str]]:
+    """The frozen parameters the optimizers hold: FAIL when one changed while frozen (`frozen_param_changed`) or was
+    stepped with a `.grad` that was not None (`frozen_param_optimized`); the others are harmless, named in a note."""
+    held: dict[str, list[str]] = {}
+    for layout in layouts:
+        for parameter in layout.parameters:
+            if not parameter.trainable and parameter.groups:
+                held.setdefault(f"parameters.{parameter.name}", parameter.groups)
+    for path in trace.watch.frozen:
+        held.setdefault(path, [])
+    changes: dict[str, list[Change]] = {}
+    for event in trace.watch.events:
+        if isinstance(event, Change) and not event.trainable:  # one unfrozen before it changed is trained, not frozen
+            changes.setdefault(event.path, []).append(event)
+    found, harmless = [], []
+    for path, groups in held.items():
+        name = path.split(".", 1)[1]
+        stepped = trace.watch.stepped.get(path)
+        if path in changes:
+            found += [change_violation(change, declared=False) for change in changes[path]]
+        elif stepped:
+            holders = f"{', '.join(groups)} holds it" if groups else "an optimizer holds it"
+            found.append(Violation(
                 "frozen_param_optimized", path,
-                f"{what} is frozen (requires_grad=False), but {', '.join(parameter.groups)} holds it {when}. Build "
-                "the optimizer from the trainable parameters only ([p for p in model.parameters() if "
-                "p.requires_grad]), or unfreeze it if it is meant to train.",
-                step=step, cause="frozen_param_optimized")
+                f"Parameter '{name}' is frozen (requires_grad=False) and {holders}, but its .grad was not None at "
+                f"{steps_text(stepped)}, so the optimizer did not skip it. It did not move in the observed steps; "
+                "weight decay or momentum would move it. Set its gradient to None when freezing it "
+                "(optimizer.zero_grad() with the default set_to_none=True), or build the optimizer from the "
+                "trainable parameters only.", step=stepped[0], cause="frozen_param_optimized"))
+        else:
+            harmless.append(name)
+    notes = [f"Held but frozen: {_listed(harmless)}: torch's optimizers skip a parameter while its .grad is None; "
+             "check_frozen verifies it stays put."] if harmless else []
+    return found, notes
 
 
 def _without_grad_violations(without_grad: list[list[str] | None]) -> Iterator[Violation]:
@@ -283,7 +314,10 @@ def judge_optimizer_coverage(trace: CoverageTrace, config: dict[str, Any]) -> Op
     if tied:
         notes.append(f"Tied weights are one parameter each: {', '.join(tied)}.")
     first, *later = layouts
-    found = [*_layout_violations(first), *_without_grad_violations(trace.without_grad)]
+    frozen, frozen_notes = _frozen_findings(trace, layouts)
+    notes += frozen_notes
+    during = sorted([*_without_grad_violations(trace.without_grad), *frozen], key=lambda v: v.step or 0)
+    found = [*_layout_violations(first), *during]
     known = {(v.kind, v.path) for v in found}
     found += [v for layout in later for v in _layout_violations(layout) if (v.kind, v.path) not in known]
     violations = once_per_path(found)
@@ -304,12 +338,13 @@ def check_optimizer_coverage(
 
     Right after `setup()` and after `steps` calls of `step()`, reports trainable parameters in no
     optimizer (`param_not_optimized`), parameters listed in several optimizers or groups
-    (`param_in_several_groups`), frozen parameters an optimizer holds (`frozen_param_optimized`),
-    optimizers holding parameters of no module of the State (`optimizer_for_other_model`), and,
-    during the steps, trainable parameters an optimizer holds that got no gradient
-    (`param_without_grad`). Tied weights are one parameter. `isolation` is "inprocess" (default),
-    "process" or "spawn"; `timeout` bounds a run in a child process. Never raises for a FAIL;
-    misuse raises TypeError/ValueError.
+    (`param_in_several_groups`), optimizers holding parameters of no module of the State
+    (`optimizer_for_other_model`), and, during the steps, trainable parameters an optimizer holds
+    that got no gradient (`param_without_grad`), frozen parameters an optimizer holds that changed
+    (`frozen_param_changed`) or that it stepped with a `.grad` that was not None
+    (`frozen_param_optimized`); a frozen parameter it holds that is neither is a note. Tied weights
+    are one parameter. `isolation` is "inprocess" (default), "process" or "spawn"; `timeout` bounds
+    a run in a child process. Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=0, seed=seed, isolation=isolation,
                                   timeout=timeout)

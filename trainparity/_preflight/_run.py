@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
+import fnmatch
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -67,8 +69,10 @@ class Preflight:
 
 
 @contextlib.contextmanager
-def observed_recipe(payload: PreflightPayload, *, record_contributions: bool) -> Iterator[tuple[Recipe[Any], Observer]]:
-    """The recipe, set up from the seed, its State under an Observer (dropout left as the recipe has it)."""
+def observed_recipe(payload: PreflightPayload, *, record_contributions: bool,
+                    **options: Any) -> Iterator[tuple[Recipe[Any], Observer]]:
+    """The recipe, set up from the seed, its State under an Observer (dropout left as the recipe has it);
+    `options` are the Observer's other keyword arguments (`before_step`, `after_step`, `record_forwards`)."""
     recipe = payload.recipe.build()
     # The lock covers seeding and setup() too: in-process checks in threads share the global RNG streams
     # and the functions the observer patches.
@@ -76,7 +80,7 @@ def observed_recipe(payload: PreflightPayload, *, record_contributions: bool) ->
         seed_everything(payload.seed)
         state = require_state(recipe.setup(), recipe, "setup")
         with Observer(state, type(recipe), disable_dropout=False, record_contributions=record_contributions,
-                      fingerprint_rng=False) as observer:
+                      fingerprint_rng=False, **options) as observer:
             yield recipe, observer
 
 
@@ -142,3 +146,35 @@ def once_per_path(violations: Iterable[Violation]) -> list[Violation]:
             later[key].append(violation.step)
     return [dataclasses.replace(v, message=f"{v.message}\nAlso at {steps_text(later[key])}.") if later[key] else v
             for key, v in first.items()]
+
+
+def validate_globs(value: object, argument: str, example: str) -> tuple[str, ...] | None:
+    """A check's glob argument as a tuple: None, one glob, or a list of them (TypeError/ValueError naming the fix)."""
+    if value is None:
+        return None
+    globs = (value,) if isinstance(value, str) else value
+    if not isinstance(globs, (list, tuple)) or not all(isinstance(glob, str) for glob in globs):
+        raise TypeError(f"{argument}= must be a glob or a list of globs (strings such as {example!r}), "
+                        f"got {type(value).__name__}" + (f" {value!r}" if isinstance(value, (list, tuple)) else ""))
+    if not globs or not all(globs):
+        raise ValueError(f"{argument}= must hold at least one non-empty glob such as {example!r}, got {value!r}")
+    return tuple(globs)
+
+
+def matches(name: str, globs: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs)
+
+
+def unmatched_globs(globs: Iterable[str], names: list[str], argument: str, what: str) -> str | None:
+    """The misuse message for the globs that match none of `names`, naming the closest names; None when each
+    glob matches one."""
+    lines = []
+    for glob in globs:
+        if any(fnmatch.fnmatchcase(name, glob) for name in names):
+            continue
+        below = sum(fnmatch.fnmatchcase(name, f"{glob}.*") for name in names)
+        close = difflib.get_close_matches(glob, names, n=3, cutoff=0.3)
+        hint = (f"; did you mean {glob + '.*'!r} (it matches {below})?" if below else
+                f"; the closest are {', '.join(map(repr, close))}" if close else "")
+        lines.append(f"{glob!r} matches no {what}{hint}")
+    return f"{argument}=: " + "; ".join(lines) if lines else None

@@ -117,3 +117,13 @@ class MixedPrecisionResult(Result):
 class RunsResult(Result):
     check: ClassVar[str] = "runs_equivalent"
     assertion: ClassVar[str] = "tp.assert_runs_equivalent"
+
+
+class FrozenResult(Result):
+    check: ClassVar[str] = "frozen"
+    assertion: ClassVar[str] = "tp.assert_frozen"
+
+
+class TrainModeResult(Result):
+    check: ClassVar[str] = "train_mode"
+    assertion: ClassVar[str] = "tp.assert_train_mode"

@@ -135,19 +135,60 @@ def unwrap_module(module: nn.Module) -> nn.Module:
     return module
 
 
+def module_prefixes(state: State) -> list[tuple[str, str, nn.Module]]:
+    """(entry, prefix, module) for each module of the State, wrappers looked through: the prefix of the names of
+    what it holds is empty for the one module that owns parameters, when only one does, and `<entry>.` otherwise
+    (the rule `parameter_names` names parameters by, so that parameters, buffers and modules share one vocabulary)."""
+    modules = [(path, unwrap_module(m)) for path, m in state_objects(state, nn.Module)]
+    owners = [path for path, m in modules if any(True for _ in m.parameters())]
+    return [(path, "" if owners == [path] else f"{path}.", module) for path, module in modules]
+
+
 def parameter_names(state: State) -> dict[int, str]:
     """id(parameter) -> name, so optimizer state can be keyed by name instead of position.
 
     Names carry no prefix when one module in the State owns parameters (`fc.weight`), and
     the entry name otherwise (`student.fc.weight`). Wrappers are looked through.
     """
-    owners = [(path, unwrap_module(m)) for path, m in state_objects(state, nn.Module)
-              if any(True for _ in m.parameters())]
     names: dict[int, str] = {}
-    for entry, module in owners:
+    for _, prefix, module in module_prefixes(state):
         for pname, parameter in module.named_parameters():
-            names.setdefault(id(parameter), pname if len(owners) == 1 else f"{entry}.{pname}")
+            names.setdefault(id(parameter), prefix + pname)
     return names
+
+
+def buffer_names(state: State) -> dict[int, str]:
+    """id(buffer) -> name, by the rule of `parameter_names` (`bn.running_mean`, `student.bn.running_mean`)."""
+    names: dict[int, str] = {}
+    for _, prefix, module in module_prefixes(state):
+        for bname, buffer in module.named_buffers():
+            names.setdefault(id(buffer), prefix + bname)
+    return names
+
+
+def module_names(state: State) -> dict[int, str]:
+    """id(module) -> name, by the rule of `parameter_names` (`encoder.0`); a module entry itself is named by its
+    entry (`model`)."""
+    names: dict[int, str] = {}
+    for entry, prefix, module in module_prefixes(state):
+        for sub_name, sub in module.named_modules():
+            names.setdefault(id(sub), prefix + sub_name if sub_name else entry)
+    return names
+
+
+def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
+    """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
+    tensor entries that are `nn.Parameter`s or require grad, named by their entry. A lazy module's parameters
+    count once its first forward gave them values."""
+    names = parameter_names(state)
+    found: dict[int, tuple[str, torch.Tensor]] = {}
+    for _, module in state_objects(state, nn.Module):
+        for parameter in unwrap_module(module).parameters():
+            found.setdefault(id(parameter), (names[id(parameter)], parameter))
+    for path, tensor in state_objects(state, torch.Tensor):
+        if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
+            found.setdefault(id(tensor), (path, tensor))
+    return {key: found[key] for key in found if not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
 
 
 def state_objects(state: State, kind: type[T]) -> Iterator[tuple[str, T]]:

@@ -51,6 +51,15 @@ def rng_fingerprint() -> str:
     return digest.hexdigest()
 
 
+def torch_rng_states() -> list[torch.Tensor]:
+    """torch's own streams as they are now (the CPU generator's, and CUDA's once initialized): what dropout and
+    the other random operators of a forward pass draw from."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
 def _float_bits(value: float) -> int:
     return int(struct.unpack("<q", struct.pack("<d", value))[0])
 
