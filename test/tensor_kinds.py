@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import trainparity as tp
+from trainparity._compat import dimension_names, named, unnamed
 from trainparity._state._tensors import arithmetic_view, opaque
 
 SIZE = 6
@@ -126,7 +127,10 @@ def _changed_structured(tensor: torch.Tensor) -> tuple[torch.Tensor, str]:
         return change_dense(tensor.to_dense()).to_sparse(), ""
     if tensor.layout == torch.sparse_csr:
         return change_dense(tensor.to_dense()).to_sparse_csr(), ""
-    if isinstance(tensor, nn.parameter.UninitializedTensorMixin):
+    names = dimension_names(tensor)
+    if names is not None:
+        return named(change_dense(unnamed(tensor)), names), ""
+    if isinstance(tensor, (nn.parameter.UninitializedParameter, nn.parameter.UninitializedBuffer)):
         return nn.Parameter(torch.zeros(SIZE)), ""  # initialized where the other is not
     if tensor.device.type == "meta":
         return torch.empty(SIZE + 1, device="meta"), ""  # no values: only the shape can differ

@@ -4,8 +4,8 @@ The checks import these names instead of testing `torch.__version__`:
 - `GradScaler`: `torch.amp.GradScaler` in every supported version, but torch 2.7's stubs do not export it
   from `torch.amp`, so it is imported from its module.
 - `state_dict(obj)`: `LRScheduler.state_dict` is untyped in torch 2.7's stubs.
-- `unnamed(tensor)`: a tensor without dimension names; named tensors (`Tensor.names`, `rename`) are gone
-  from torch 2.13 on.
+- `dimension_names(tensor)`, `unnamed(tensor)`, `named(tensor, names)`: named tensors (`Tensor.names`,
+  `rename`) are gone from torch 2.13 on; before, `torch.save` refuses them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch.amp.grad_scaler import GradScaler
 
-__all__ = ["GradScaler", "state_dict", "unnamed"]
+__all__ = ["GradScaler", "dimension_names", "named", "state_dict", "unnamed"]
 
 
 def state_dict(stateful: Any) -> dict[str, Any]:
@@ -25,10 +25,21 @@ def state_dict(stateful: Any) -> dict[str, Any]:
     return found
 
 
+def dimension_names(tensor: torch.Tensor) -> list[str | None] | None:
+    """The tensor's dimension names, or None where it has none (or this torch has no named tensors)."""
+    names: Any = getattr(tensor, "names", ())
+    return list(names) if any(name is not None for name in names) else None
+
+
 def unnamed(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` without dimension names, where this torch still has them."""
-    names: Any = getattr(tensor, "names", ())
-    if any(name is not None for name in names):
-        renamed: torch.Tensor = operator.methodcaller("rename", None)(tensor)  # not in every torch's stubs
-        return renamed
-    return tensor
+    if dimension_names(tensor) is None:
+        return tensor
+    renamed: torch.Tensor = operator.methodcaller("rename", None)(tensor)  # not in every torch's stubs
+    return renamed
+
+
+def named(tensor: torch.Tensor, names: list[str | None]) -> torch.Tensor:
+    """`tensor` with the dimension names `dimension_names` gave."""
+    refined: torch.Tensor = operator.methodcaller("refine_names", *names)(tensor)
+    return refined

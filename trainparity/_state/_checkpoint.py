@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainparity._compat import dimension_names, named, unnamed
 from trainparity._state._compare import bitwise_equal
 from trainparity._state._entries import (
     State,
@@ -39,6 +40,11 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
         return {"__generator_state__": value.get_state()}
     if uninitialized(value):  # a lazy module's: no values, and torch.load(weights_only=True) refuses it
         return {"__uninitialized__": isinstance(value, nn.Parameter)}
+    if isinstance(value, torch.Tensor) and value.is_nested:  # not every torch's weights_only load rebuilds one
+        jagged = value.layout == torch.jagged
+        return {"__nested__": [part.detach().clone() for part in value.unbind()], "jagged": jagged}
+    if isinstance(value, torch.Tensor) and dimension_names(value) is not None:  # torch.save refuses names
+        return {"__named__": unnamed(value).detach().clone(), "names": dimension_names(value)}
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
@@ -66,6 +72,11 @@ def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
             return tuple(_from_storable(v, memo) for v in value["__tuple__"])
         if "__ndarray__" in value:
             return value["__ndarray__"].numpy().astype(value["dtype"])
+        if "__named__" in value:
+            return named(value["__named__"], value["names"])
+        if "__nested__" in value:
+            layout = torch.jagged if value["jagged"] else torch.strided
+            return torch.nested.nested_tensor(value["__nested__"], layout=layout)
         if "__uninitialized__" in value and len(value) == 1:
             parameter = value["__uninitialized__"]
             return nn.parameter.UninitializedParameter() if parameter else nn.parameter.UninitializedBuffer()

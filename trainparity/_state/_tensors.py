@@ -93,10 +93,10 @@ def opaque(dtype: torch.dtype) -> bool:
 
 def arithmetic_view(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` in a dtype with the CPU arithmetic the comparison needs, holding the same values exactly:
-    float8 variants as float32, complex32 as complex64, unsigned integers and bools as int64 (uint64 as
+    float8 variants as float32, half-width complex as complex64, unsigned integers and bools as int64 (uint64 as
     float64, its values being up to 2**64). Other tensors are returned as they are."""
     dtype = tensor.dtype
-    if dtype == torch.complex32:
+    if dtype.is_complex and dtype.itemsize < 8:  # complex32, and bcomplex32 from torch 2.15 on
         return tensor.to(torch.complex64)
     if dtype.is_floating_point and dtype.itemsize == 1:
         return tensor.to(torch.float32)
