@@ -294,6 +294,8 @@ def assert_mixed_precision_safe(
     *,
     steps: int = 4,
     max_skipped_steps: int | None = None,
+    allow_float32: str | Sequence[str] | None = None,
+    max_float32_share: float = 0.0,
     seed: int = 0,
     isolation: Isolation | None = None,
     timeout: float | None = None,
@@ -304,6 +306,7 @@ def assert_mixed_precision_safe(
     otherwise."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
-    result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps, seed=seed,
+    result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps,
+                                   allow_float32=allow_float32, max_float32_share=max_float32_share, seed=seed,
                                    isolation=isolation, timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)

@@ -139,8 +139,9 @@ def _run_optimizer_coverage(args: argparse.Namespace, spec: Spec, _recipe: objec
 def _run_mixed_precision(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
     from trainparity._preflight import check_mixed_precision
 
-    return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps, seed=args.seed,
-                                 isolation=args.isolation, timeout=args.timeout)
+    return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps,
+                                 allow_float32=args.allow_float32, max_float32_share=args.max_float32_share,
+                                 seed=args.seed, isolation=args.isolation, timeout=args.timeout)
 
 
 def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
@@ -272,13 +273,19 @@ def build_parser() -> argparse.ArgumentParser:
                                         help="calls of step() observed after setup() (default: 1; 0: setup() only)")
 
     mixed = _command(commands, "mixed-precision", "mixed precision: the GradScaler's contract (scaler.step, update, "
-                     "unscale_ before clipping, skipped steps) and non-finite losses, gradients and parameters",
+                     "unscale_ before clipping, skipped steps), non-finite losses, gradients and parameters, and "
+                     "autocast coverage (regions that lower nothing, ops run in float32 inside them)",
                      Command(_run_mixed_precision, MixedPrecisionResult))
     _recipe_options(mixed, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = mixed.add_argument
     add("--steps", type=int, default=4, help="calls of step() observed (default: 4)")
     add("--max-skipped-steps", type=int, default=None, metavar="N",
         help="optimizer steps the GradScaler may skip (default: half of its scaler.step() calls)")
+    add("--allow-float32", action="append", default=None, metavar="GLOB",
+        help="a module-name glob whose float32 matmuls inside autocast are deliberate, e.g. 'attn*' (repeatable)")
+    add("--max-float32-share", type=float, default=0.0, metavar="F",
+        help="the share of the matmul, convolution and attention FLOPs inside autocast regions that may run in "
+             "float32 outside the allowed modules (default: 0)")
 
     script = commands.add_parser(
         "resume-script", help="resume equivalence of an unmodified training script, run as real processes",

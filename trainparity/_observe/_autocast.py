@@ -124,6 +124,8 @@ class RegionUse:
     #: names, and their FLOPs in a low and in a full dtype
     ops: int = 0
     low_ops: int = 0
+    #: of its full-precision ops: those torch kept so with autocast on for their device (see `AutocastUse`)
+    kept_ops: int = 0
     op_names: list[str] = dataclasses.field(default_factory=list)
     low_flops: int = 0
     full_flops: int = 0
@@ -172,7 +174,8 @@ class AutocastUse:
     regions: list[RegionUse] = dataclasses.field(default_factory=list)
     bypasses: list[Bypass] = dataclasses.field(default_factory=list)
     #: FLOPs of the recorded ops inside an enabled region for their device: in a low dtype, and kept in float32
-    #: by autocast itself (its float32 policy for the op that called them)
+    #: by torch with autocast on there (autocast's float32 policy for the op that called them, such as `cdist`;
+    #: a kernel that computes in float32, such as the CPU math path of `scaled_dot_product_attention`)
     low_flops: int = 0
     kept_flops: int = 0
     #: calls and FLOPs of every recorded op by the dtype it ran in (regions and, with a declared dtype, module
@@ -377,6 +380,7 @@ class AutocastWatch(HookSet):
         innermost = same_device[-1] if same_device else None
         outer = next((u for u in reversed(same_device) if u.requested and u.enabled), None)
         escape = innermost if innermost is not None and not innermost.enabled and outer is not None else None
+        kept = not low and innermost is not None and innermost.enabled and widest is not torch.float64
         for opened in self._open:
             region = opened.use
             region.ops += 1
@@ -389,6 +393,7 @@ class AutocastWatch(HookSet):
                 region.low_flops += flops
                 continue
             region.full_flops += flops
+            region.kept_ops += kept
             if dtype not in region.full_dtypes:
                 region.full_dtypes.append(dtype)
             if escape is not None and region.device_type == device:
@@ -399,7 +404,7 @@ class AutocastWatch(HookSet):
             return
         if low:
             use.low_flops += flops
-        elif escape is None and widest is not torch.float64:
+        elif kept:
             use.kept_flops += flops
         else:
             module = self._modules[-1] if self._modules else None
@@ -419,7 +424,7 @@ class AutocastWatch(HookSet):
         use, self._use = self._use, AutocastUse()
         self._regions, self._bypasses = {}, {}
         for opened in self._open:
-            fresh = dataclasses.replace(opened.use, ops=0, low_ops=0, op_names=[], low_flops=0, full_flops=0,
+            fresh = dataclasses.replace(opened.use, ops=0, low_ops=0, kept_ops=0, op_names=[], low_flops=0, full_flops=0,
                                         escaped_flops=0, op_devices=[], full_dtypes=[], escapes=[])
             self._regions[fresh.key] = opened.use = fresh
             self._use.regions.append(fresh)

@@ -87,7 +87,7 @@ def _ops(region: RegionUse) -> str:
 
 
 def _percent(part: int, whole: int) -> str:
-    return f"{format_number(100.0 * part / whole)}%" if whole else "0%"
+    return f"{100.0 * part / whole:.3g}%" if whole else "0%"
 
 
 def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violation:
@@ -115,8 +115,8 @@ def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violatio
     elif "torch.float64" in region.full_dtypes:
         why = (f": its {_ops(region)} ran in {full}; autocast never lowers float64 inputs (it casts float32 ones). "
                "Keep the model and inputs in float32 under autocast.")
-    else:
-        why = f": autocast kept its {_ops(region)} in {full} (its float32 policy for the ops that called them)."
+    else:  # the ops torch kept in float32 are not judged: some ran in float64
+        why = f": its {_ops(region)} ran in {full}."
     return Violation("autocast_ineffective", f"autocast.{region.function}", head + why, step=step, expected=low,
                      actual=full, cause="autocast_ineffective")
 
@@ -149,7 +149,7 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
     counted = [g for g in groups if rules.allowed(g.bypass.module) is None]
     full = sum(g.bypass.flops for g in counted)
     share = full / total if total else 0.0
-    limit = (f"At most {format_number(100.0 * rules.max_float32_share)}% may run in full precision "
+    limit = (f"At most {100.0 * rules.max_float32_share:.3g}% may run in full precision "
              f"(max_float32_share={format_number(rules.max_float32_share)}) outside the modules allow_float32 names "
              f"({', '.join(map(repr, rules.allow_float32)) or 'none'}).")
     if counted and share > rules.max_float32_share:
@@ -194,9 +194,10 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
                 if region.outermost and region.ops and _undeclared_region_note(region) not in notes:
                     notes.append(_undeclared_region_note(region))
                 continue
-            if region.ops == 0:
-                note = f"{region.describe()} ran no {LISTED} op: autocast changed nothing there."
-                if note not in notes:
+            if region.ops == region.kept_ops:
+                note = (f"{region.describe()} ran no {LISTED} op that autocast lowers: it changed nothing there."
+                        if region.ops == 0 else "")
+                if note and note not in notes:
                     notes.append(note)
             elif region.low_ops == 0:
                 found[step].append(_ineffective(region, step, rules))
@@ -229,8 +230,9 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
         found[violation.step].append(violation)
     notes += bypass_notes
     if kept:
-        notes.append(f"Autocast itself kept {kept:.3g} FLOPs of {LISTED} ops in float32 inside enabled regions (its "
-                     "float32 policy for the ops that called them, such as cdist): not judged.")
+        notes.append(f"Torch kept {kept:.3g} FLOPs of {LISTED} ops in float32 with autocast on for their device "
+                     "(autocast's float32 policy for the op that called them, such as cdist, or a kernel that computes "
+                     "in float32, such as the CPU math path of scaled_dot_product_attention): not judged.")
     if rules.declared is not None and not any(use.calls_by_dtype for _, use in steps):
         notes.append(f"The recipe declares autocast_dtype={rules.declared}, but no {LISTED} op ran in its modules' "
                      "forward or in an autocast region: nothing to judge.")
