@@ -100,8 +100,8 @@ def test_float32_inside_a_region_is_a_bypass_named_by_module() -> None:
     violation = result.violations[0]
     assert violation.message.startswith(
         "Module 'head' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16) "
-        f"entered in Bf16.loss ({at(recipes.Bf16.loss, 'with')}), with autocast turned off by autocast(device_type='cpu', "
-        "dtype=torch.bfloat16, enabled=False) entered in Net.forward")
+        f"entered in Bf16.loss ({at(recipes.Bf16.loss, 'with')}), with autocast turned off by "
+        "autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Net.forward")
     assert "If it is deliberate (a float32 attention, say), allow it with allow_float32=('head',)." in violation.message
     assert violation.expected == 0.0 and 0.0 < violation.actual < 0.1  # type: ignore[operator]
     attention = tp.check_mixed_precision(recipes.Float32Attention, steps=2)
@@ -139,8 +139,8 @@ def test_a_region_that_runs_no_matmul_is_a_note() -> None:
     assert result.passed
     assert autocast_notes(result) == [
         "autocast(device_type='cpu', dtype=torch.bfloat16) entered in LossOnlyRegion.loss "
-        f"({at(recipes.LossOnlyRegion.loss, 'with')}) ran no matmul, convolution or attention op that autocast lowers: it changed "
-        "nothing there."]
+        f"({at(recipes.LossOnlyRegion.loss, 'with')}) ran no matmul, convolution or attention op that autocast lowers: "
+        "it changed nothing there."]
 
 
 def test_autocast_comes_before_the_scaler_findings_of_the_same_step() -> None:
@@ -207,8 +207,8 @@ def test_misuse_raises_naming_the_fix(kwargs: dict[str, Any], error: type[Except
 
 
 def test_a_declared_dtype_that_is_not_a_low_one_is_refused_before_anything_runs() -> None:
-    with pytest.raises(TypeError, match=r"BadDeclaration.autocast_dtype must be None or the low dtype autocast "
-                                        r"should run matmuls in \(torch.bfloat16 or torch.float16\), got torch.float32"):
+    with pytest.raises(TypeError, match=r"BadDeclaration.autocast_dtype must be None or the low dtype autocast should "
+                                        r"run matmuls in \(torch.bfloat16 or torch.float16\), got torch.float32"):
         tp.check_mixed_precision(recipes.BadDeclaration)
 
 

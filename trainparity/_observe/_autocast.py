@@ -424,8 +424,8 @@ class AutocastWatch(HookSet):
         use, self._use = self._use, AutocastUse()
         self._regions, self._bypasses = {}, {}
         for opened in self._open:
-            fresh = dataclasses.replace(opened.use, ops=0, low_ops=0, kept_ops=0, op_names=[], low_flops=0, full_flops=0,
-                                        escaped_flops=0, op_devices=[], full_dtypes=[], escapes=[])
+            fresh = dataclasses.replace(opened.use, ops=0, low_ops=0, kept_ops=0, op_names=[], low_flops=0,
+                                        full_flops=0, escaped_flops=0, op_devices=[], full_dtypes=[], escapes=[])
             self._regions[fresh.key] = opened.use = fresh
             self._use.regions.append(fresh)
         return use
