@@ -17,6 +17,7 @@ from trainparity._assertions import (
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
+    assert_worker_randomness,
 )
 from trainparity._batches._split import split_batch
 from trainparity._coverage import (
@@ -42,6 +43,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
     RunsResult,
+    WorkerRandomnessResult,
 )
 from trainparity._results._violation import ChildError, Outcome, Violation
 from trainparity._resume import check_resume
@@ -51,6 +53,7 @@ from trainparity._state._compare import ExactComparison, ToleranceComparison
 from trainparity._state._entries import State
 from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
+from trainparity._workers import check_worker_randomness
 
 __all__ = [
     "AccumulationResult",
@@ -79,6 +82,7 @@ __all__ = [
     "TrainParityMixin",
     "Violation",
     "WorkerBatch",
+    "WorkerRandomnessResult",
     "__version__",
     "assert_accumulation_equivalent",
     "assert_coverage",
@@ -88,6 +92,7 @@ __all__ = [
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
+    "assert_worker_randomness",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
@@ -96,6 +101,7 @@ __all__ = [
     "check_resume",
     "check_resume_script",
     "check_runs_equivalent",
+    "check_worker_randomness",
     "load_state",
     "probe",
     "save_state",

@@ -26,6 +26,7 @@ from trainparity._results._result import (
     OptimizerCoverageResult,
     Result,
     ResumeResult,
+    WorkerRandomnessResult,
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
@@ -159,6 +160,18 @@ def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Res
     ranks, policy, *sample_ids = returned
     return check_coverage(ranks, policy=policy, sample_ids=sample_ids[0] if sample_ids else None,
                           max_violations=args.max_violations, timeout=args.timeout)
+
+
+def _run_worker_randomness(args: argparse.Namespace, spec: Spec, function: object) -> Result:
+    from trainparity._workers import check_worker_randomness
+
+    if not callable(function):
+        raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
+    try:
+        loader = function(*spec.args, **spec.kwargs)
+    except Exception as error:  # noqa: BLE001 - the user's function raised
+        return _errored(WorkerRandomnessResult, f"{spec.qualname}()", error, {"function": spec.text})
+    return check_worker_randomness(loader, epochs=args.epochs, batches=args.batches, timeout=args.timeout)
 
 
 def _run_resume_script(args: argparse.Namespace) -> Result:
@@ -333,6 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="list at most N violations (default: 1,000,000; the notes count them all)")
     add("--timeout", type=float, default=None, metavar="S",
         help="seconds the reading of the iterables may take before the check ends in ERROR (default: no limit)")
+
+    workers = _command(commands, "worker-randomness", "worker randomness: DataLoader workers, or epochs, that draw the "
+                       "same random numbers (augmentations)",
+                       Command(_run_worker_randomness, WorkerRandomnessResult, "package.module:function", "function"))
+    add = workers.add_argument
+    add("spec", metavar="function",
+        help="package.module:function or path/to/file.py:function, optionally with literal arguments, returning the "
+             "torch.utils.data.DataLoader to check (a new one: the check starts its workers)")
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+    add("--epochs", type=int, default=2, help="epochs of the loader iterated (default: 2)")
+    add("--batches", type=int, default=None, metavar="N", help="batches per epoch (default: whole epochs)")
+    add("--timeout", type=float, default=None, metavar="S",
+        help="seconds the whole check may take before it ends in ERROR and its workers are killed (default: no "
+             "limit)")
     return parser
 
 

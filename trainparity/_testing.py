@@ -26,6 +26,7 @@ from trainparity._assertions import (
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
+    assert_worker_randomness,
 )
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
@@ -84,6 +85,7 @@ class TrainParityMixin:
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)
     assertOptimizerCoverage = _method(assert_optimizer_coverage)
     assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
+    assertWorkerRandomness = _method(assert_worker_randomness)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

@@ -117,3 +117,8 @@ class MixedPrecisionResult(Result):
 class RunsResult(Result):
     check: ClassVar[str] = "runs_equivalent"
     assertion: ClassVar[str] = "tp.assert_runs_equivalent"
+
+
+class WorkerRandomnessResult(Result):
+    check: ClassVar[str] = "worker_randomness"
+    assertion: ClassVar[str] = "tp.assert_worker_randomness"
