@@ -15,6 +15,7 @@ CONTRACT_NAMES = {
     "check_resume", "load_state", "save_state", "split_batch", "strategies",
     "assert_resume_equivalent", "assert_accumulation_equivalent", "assert_coverage", "assert_data_parallel_equivalent",
     "check_optimizer_coverage", "check_mixed_precision", "assert_optimizer_coverage", "assert_mixed_precision_safe",
+    "check_worker_randomness", "assert_worker_randomness", "WorkerRandomnessResult",
 }
 
 
@@ -41,4 +42,7 @@ def test_nothing_public_beyond_all() -> None:
 def test_outcomes_and_mixin() -> None:
     assert [o.value for o in tp.Outcome] == ["PASS", "FAIL", "ABSTAIN", "ERROR"]
     assert issubclass(tp.TestCase, tp.TrainParityMixin)
+    assert callable(tp.TrainParityMixin.assertWorkerRandomness)
+    assert issubclass(tp.WorkerRandomnessResult, tp.Result) and tp.WorkerRandomnessResult.check == "worker_randomness"
+    assert tp.Recipe.autocast_dtype is None  # a recipe declares the dtype it means to train in
     assert tp.Violation("k", "p", "m").worker is None
