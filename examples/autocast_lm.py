@@ -57,13 +57,13 @@ class Float32Matmul(torch.autograd.Function):
     """A matmul written for float32 kernels: its forward casts its inputs to float32 and runs with autocast off."""
 
     @staticmethod
-    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
+    @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)  # type: ignore[untyped-decorator]
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(a, b)
         return a @ b
 
     @staticmethod
-    @torch.amp.custom_bwd(device_type="cpu")
+    @torch.amp.custom_bwd(device_type="cpu")  # type: ignore[untyped-decorator]
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
         a, b = (t.detach().requires_grad_() for t in ctx.saved_tensors)
         with torch.enable_grad():
@@ -170,7 +170,7 @@ class AutocastLM(tp.Recipe):
             logits = state.model(idx)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         state.optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         nn.utils.clip_grad_norm_(state.model.parameters(), self.config.max_grad_norm)
         state.optimizer.step()
         state.step += 1
