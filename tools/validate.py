@@ -4,9 +4,9 @@ Runs the clean controls and the deliberate faults of the realistic examples in `
 through the resume, accumulation and coverage checks, (surface "parallel") through the resume
 and data-parallel checks on real gloo ranks, (surface "autocast") through the mixed-precision
 check's autocast coverage and (surface "workers") through the worker randomness check, and
-compares each outcome and first violation (path and cause) with what the fault declares. Prints one table per surface; with
-`--write FILE`, also writes the tables, the exact command and the versions that produced them.
-Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise (the
+compares each outcome and first violation (path and cause) with what the fault declares.
+Prints one table per surface; with `--write FILE`, also writes the tables, the exact command
+and the versions that produced them. Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise (the
 StatefulDataLoader cases are skipped, and said to be, when torchdata is not installed).
 
 The faults are constructor arguments of the examples' recipes and pipelines (`fault="..."`),
