@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from preflight_recipes import MLP, Batch, ClipsBeforeUnscale, mlp
 from torch import nn
 from torch.nn import functional as F
@@ -42,6 +43,16 @@ class Bf16(MLP):
 
 class DeclaredBf16(Bf16):
     autocast_dtype = torch.bfloat16
+
+
+class Checkpointed(DeclaredBf16):
+    """Activation checkpointing: the backward recomputes the forward under the autocast state it saved."""
+
+    def loss(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        with self.region(x):
+            out = torch.utils.checkpoint.checkpoint(state.model, x.requires_grad_(), use_reentrant=False)
+        return F.mse_loss(out.float(), y)
 
 
 class WrongDevice(DeclaredBf16):

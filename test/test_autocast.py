@@ -38,7 +38,7 @@ def autocast_notes(result: tp.Result) -> list[str]:
 
 
 @pytest.mark.parametrize("recipe", [
-    recipes.Bf16, recipes.DeclaredBf16, recipes.DeclaredBf16Model, recipes.FloatInputs,
+    recipes.Bf16, recipes.DeclaredBf16, recipes.DeclaredBf16Model, recipes.FloatInputs, recipes.Checkpointed,
     recipes.CustomFwdKeepsAutocast, recipes.NetBf16, AutocastLM, preflight_recipes.Amp, preflight_recipes.MLP,
 ])
 def test_clean_recipes_and_fixed_twins_pass_without_an_autocast_note(recipe: type[tp.Recipe]) -> None:

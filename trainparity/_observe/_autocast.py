@@ -87,12 +87,9 @@ def _function(function: Any) -> tuple[str, str]:
 
 def entered_from(frame: FrameType | None) -> tuple[str, str, str]:
     """(qualname, location, kind) of the user code that entered a region: the first frame outside torch, or the
-    function that `torch.amp.custom_fwd` or the autocast decorator wraps. Kind "custom_bwd": the region that
-    `torch.amp.custom_bwd` enters in a backward to repeat its forward's autocast state."""
+    function that `torch.amp.custom_fwd` or the autocast decorator wraps."""
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR):
         name = frame.f_code.co_name
-        if name == "decorate_bwd":
-            return "", "", "custom_bwd"
         if name == "decorate_fwd" and "fwd" in frame.f_locals:
             qualname, location = _function(frame.f_locals["fwd"])
             return qualname, location, f"custom_fwd(cast_inputs={frame.f_locals.get('cast_inputs')})"
@@ -326,10 +323,10 @@ class AutocastWatch(HookSet):
 
     def _enter(self, original: Callable[..., Any], instance: Any) -> Any:
         result = original(instance)
-        if self._here():
+        # A region entered during a backward pass (`custom_bwd`, activation checkpointing's recomputation) repeats
+        # the autocast state of its forward, which was judged there.
+        if self._here() and torch._C._current_graph_task_id() == -1:
             function, location, kind = entered_from(sys._getframe(2))  # past this method and `_wrapped`
-            if kind == "custom_bwd":  # it repeats the forward's state, which was judged there
-                return result
             enabled = bool(instance._enabled)
             use = RegionUse(function, location, kind, str(instance.device), dtype_name(instance.fast_dtype),
                             self._requested.get(instance, enabled), enabled, not self._open)
