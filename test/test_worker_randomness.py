@@ -138,6 +138,14 @@ def test_batches_limits_each_epoch_and_the_loader_is_given_back_as_it_was() -> N
     assert images.shape == (augment.BATCH, 1, augment.SIZE, augment.SIZE)
 
 
+def test_a_stateful_dataloader_is_checked_like_a_dataloader() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")  # the test-only torchdata extra
+    loader = stateful.StatefulDataLoader(datasets.Numbers(), batch_size=4, num_workers=2, persistent_workers=True)
+    result = tp.check_worker_randomness(loader, epochs=2)
+    assert first(result) == ("dataset.rng", "worker_rng_shared", 0, 1)
+    assert_no_workers_left()
+
+
 def test_spawned_workers_are_recorded_alike() -> None:
     loader = DataLoader(datasets.Numbers(), batch_size=4, num_workers=2, multiprocessing_context="spawn")
     result = tp.check_worker_randomness(loader, epochs=1)
