@@ -97,7 +97,7 @@ def _shared_cause(path: str, kind: str | None, walks: dict[int | None, _Walk], g
     target = f"info.dataset.{rest}" if path.startswith("dataset.") else path
     fix = (f"Seed it per worker in a worker_init_fn: info = torch.utils.data.get_worker_info(); {target} = {reseed} "
            "(torch.initial_seed() differs per worker and per epoch).")
-    if any(walks[w].first == epoch.main.get(path) for w in group):
+    if any(walks[w].first is not None and walks[w].first == epoch.main.get(path) for w in group):
         return f"It is copied into every worker as it is in this process (built once, e.g. in __init__). {fix}"
     return f"Every worker seeds it alike (with a constant, not with torch.initial_seed() or the worker id). {fix}"
 
