@@ -70,6 +70,21 @@ def test_messages_say_why_and_how_to_fix() -> None:
     assert "do not reseed it with a constant" in torch_global.violations[0].message
 
 
+class SeededOnFirstUse(datasets.Numbers):
+    """Builds its generator, from a constant, at its first fetch in each worker."""
+
+    def __getitem__(self, index: int) -> float:
+        if "lazy" not in vars(self):
+            self.lazy = np.random.default_rng(0)
+        return index + float(self.lazy.random())
+
+
+def test_a_generator_seeded_alike_in_each_worker_is_not_said_to_be_copied() -> None:
+    result = tp.check_worker_randomness(DataLoader(SeededOnFirstUse(), batch_size=4, num_workers=2), epochs=1)
+    assert first(result) == ("dataset.lazy", "worker_rng_shared", 0, 1)
+    assert "Every worker seeds it alike (with a constant" in result.violations[0].message
+
+
 class RandomNoise:
     """A collate function that adds noise from torch's global generator (randomness in the collate function)."""
 
