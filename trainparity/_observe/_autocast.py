@@ -47,8 +47,8 @@ from trainparity._state._entries import State, state_objects, unwrap_module
 
 AUTOCAST = torch.amp.autocast_mode.autocast
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-#: autocast.__init__'s parameters, to read `enabled` as the user wrote it
-_INIT_SIGNATURE = inspect.signature(AUTOCAST.__init__)
+#: the position of `enabled` among autocast.__init__'s arguments after `self` (device_type, dtype, enabled, ...)
+_ENABLED_AT = list(inspect.signature(AUTOCAST.__init__).parameters).index("enabled") - 1
 
 
 def _formulas() -> dict[Any, Callable[..., int]]:
@@ -73,9 +73,15 @@ def low_precision(dtype_name: str) -> bool:
     return dtype_name not in ("torch.float32", "torch.float64")
 
 
-def _display(filename: str, line: int) -> str:
+@functools.lru_cache(maxsize=256)
+def _shown(filename: str) -> str:
+    """A file as reports show it: relative to the working directory, else by its name."""
     shown = relative_paths(filename)
-    return f"{os.path.basename(shown) if os.path.isabs(shown) else shown}:{line}"
+    return os.path.basename(shown) if os.path.isabs(shown) else shown
+
+
+def _display(filename: str, line: int) -> str:
+    return f"{_shown(filename)}:{line}"
 
 
 def _function(function: Any) -> tuple[str, str]:
@@ -200,22 +206,40 @@ class _Open:
 
 
 def _shape(value: Any) -> Any:
+    """Tensors as their shapes, lists as tuples: what a FLOP formula reads, hashable."""
     if isinstance(value, torch.Tensor):
         return value.shape
     if isinstance(value, (list, tuple)):
-        return type(value)(_shape(item) for item in value)
+        return tuple(_shape(item) for item in value)
     return value
 
 
-def _flops(formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+#: (op packet, the shapes and other arguments of a call) -> its FLOPs: a training step repeats its shapes, and
+#: torch's formulas walk their arguments with its pytree (tens of microseconds a call)
+_FLOPS: dict[Any, int] = {}
+
+
+def _flops(packet: Any, formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any],
+           out: Any) -> int:
     """The op's FLOPs by torch's formula (0 when the formula cannot read these arguments)."""
+    try:
+        key = (packet, _shape(args), _shape(out), tuple(sorted((k, _shape(v)) for k, v in kwargs.items())))
+        known = _FLOPS.get(key)
+    except TypeError:  # an unhashable argument: count it without the cache
+        key, known = None, None
+    if known is not None:
+        return known
     raw = getattr(formula, "__wrapped__", None)
     try:
-        if raw is not None:  # the formula on shapes, without torch's pytree walk
-            return int(raw(*_shape(args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()}))
-        return int(formula(*args, out_val=out, **kwargs))
+        if raw is not None:  # the formula on shapes
+            flops = int(raw(*_shape(args), out_shape=_shape(out), **{k: _shape(v) for k, v in kwargs.items()}))
+        else:
+            flops = int(formula(*args, out_val=out, **kwargs))
     except Exception:  # noqa: BLE001 - a FLOP count is a weight in a share, never a reason to fail the run
-        return 0
+        flops = 0
+    if key is not None and len(_FLOPS) < 65536:
+        _FLOPS[key] = flops
+    return flops
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -250,9 +274,10 @@ class _OpMode(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        formula = FORMULAS.get(func._overloadpacket)
+        packet = func._overloadpacket
+        formula = FORMULAS.get(packet)
         if formula is not None:
-            self.watch.record_op(func._overloadpacket.__name__, formula, args, kwargs, out)
+            self.watch.record_op(packet, formula, args, kwargs, out)
         return out
 
 
@@ -318,8 +343,8 @@ class AutocastWatch(HookSet):
     def _init(self, original: Callable[..., None], instance: Any, *args: Any, **kwargs: Any) -> None:
         original(instance, *args, **kwargs)
         if self._here():
-            bound = _INIT_SIGNATURE.bind(instance, *args, **kwargs)
-            self._requested[instance] = bool(bound.arguments.get("enabled", True))
+            enabled = args[_ENABLED_AT] if len(args) > _ENABLED_AT else kwargs.get("enabled", True)
+            self._requested[instance] = bool(enabled)
 
     def _enter(self, original: Callable[..., Any], instance: Any) -> Any:
         result = original(instance)
@@ -358,15 +383,16 @@ class AutocastWatch(HookSet):
 
     # -- ops ----------------------------------------------------------------------------------------------
 
-    def record_op(self, name: str, formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any],
+    def record_op(self, packet: Any, formula: Callable[..., int], args: tuple[Any, ...], kwargs: dict[str, Any],
                   out: Any) -> None:
+        name: str = packet.__name__
         tensors = _tensors(args)
         floating = [t for t in tensors if t.is_floating_point()]
         if not floating or not self._here():
             return
         widest = max(floating, key=lambda t: t.element_size()).dtype
         dtype, device = dtype_name(widest), tensors[0].device.type
-        flops = _flops(formula, args, kwargs, out)
+        flops = _flops(packet, formula, args, kwargs, out)
         low = low_precision(dtype)
         use = self._use
         use.calls_by_dtype[dtype] = use.calls_by_dtype.get(dtype, 0) + 1
