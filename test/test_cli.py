@@ -109,7 +109,8 @@ def test_help_lists_exit_codes_and_explains_every_option() -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
-                                     "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode"}
+                                     "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode",
+                                     "worker-randomness"}
     for name, command in [("python -m trainparity", parser), *commands.choices.items()]:
         text = command.format_help()
         for status, outcome in [(0, "PASS"), (1, "FAIL"), (2, "ABSTAIN"), (3, "ERROR"), (4, "usage error")]:
@@ -244,3 +245,24 @@ def test_frozen_and_train_mode_commands_from_a_real_process(tmp_path: pathlib.Pa
     done = run_cli("train-mode", "mode_recipes:FrozenBackbone", "--eval-modules", "backbone", "--json", str(target))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(target.read_text())["config"]["eval_modules"] == ["backbone"]
+
+
+def test_worker_randomness_command_from_a_real_process(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "workers.json"
+    done = run_cli("worker-randomness", "worker_datasets:augmented(fault='generator_built_in_init')", "--epochs", "1",
+                   "--batches", "4", "--timeout", "120", "--json", str(target))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.startswith("trainparity worker_randomness check: FAIL at dataset.augment.shift.rng "
+                                  "(worker_rng_shared, epoch 0)\n")
+    document = json.loads(target.read_text())
+    assert document["config"] == {"batches": 4, "dataset": "AugmentedImages", "epochs": 1, "num_workers": 2,
+                                  "persistent_workers": False}
+    assert (document["first_violation"]["worker"], document["counts"]) == (1, {"worker_rng_shared": 2})
+
+
+def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "amp.json"
+    done = run_cli("mixed-precision", "autocast_recipes:Float32Head", "--steps", "1", "--allow-float32", "head",
+                   "--json", str(target))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(target.read_text())["config"]["allow_float32"] == ["head"]

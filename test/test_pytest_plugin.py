@@ -197,3 +197,37 @@ def test_import_mode_importlib_with_a_module_the_children_cannot_import_by_name(
     found = reports(project)
     assert found["resume"]["config"]["recipe"] == "tests.test_user:Regression"  # type: ignore[index]
     assert {"resume", "spawn", "accumulation"} <= set(found)
+
+
+WORKER_TESTS = '''
+import numpy as np
+from torch.utils.data import DataLoader, Dataset
+
+import trainparity as tp
+
+
+class Shared(Dataset):
+    def __init__(self):
+        self.rng = np.random.default_rng(0)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return index + self.rng.random()
+
+
+def test_workers_draw_their_own_numbers():
+    tp.assert_worker_randomness(DataLoader(Shared(), batch_size=2, num_workers=2), epochs=1)
+'''
+
+
+def test_the_worker_check_is_counted_and_its_failure_names_the_stream(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_workers.py").write_text(WORKER_TESTS)
+    done = run_pytest(tmp_path, "tests", "-rf")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("FAILED tests/test_workers.py::test_workers_draw_their_own_numbers - AssertionError: trainparity "
+            "worker_randomness check: FAIL at dataset.rng (worker_rng_shared, epoch 0)") in done.stdout, done.stdout
+    summary = done.stdout.split("- trainparity -", 1)[1].split("short test summary", 1)[0]
+    assert summary.splitlines()[1:3] == ["1 check: 1 FAIL", "  worker_randomness: 1 FAIL"], done.stdout

@@ -9,6 +9,7 @@ the docs make (docs/api.md, "Timeouts"), not a speed goal: what the engine does 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import pathlib
 import signal
@@ -25,6 +26,7 @@ import torch
 from fault_recipes import Faulty
 from process_helpers import still_running
 from wide_recipes import Wide
+from worker_datasets import numbers
 
 import trainparity as tp
 from trainparity._process import _launchers
@@ -195,6 +197,18 @@ def test_coverage_has_no_timeout_unless_given() -> None:
         yield [1]
 
     assert tp.check_coverage({0: slow()}, policy=tp.ExactlyOnce(range(2))).passed
+
+
+def test_worker_randomness_with_a_hanging_worker_ends_soon_after_its_timeout_and_kills_the_workers(
+        tmp_path: pathlib.Path) -> None:
+    loader = numbers(hang_at=5, pids=str(tmp_path))  # worker 1's first batch is samples 4..7
+    result, elapsed = timed(lambda: tp.check_worker_randomness(loader, timeout=1.5))
+    assert_timed_out(result, elapsed, 1.5)
+    assert result.error is not None and result.error.phase.startswith("epoch 0, batch ")
+    assert result.error.traceback is not None and result.error.traceback.startswith("Stack when the timeout")
+    pids = [int(path.read_text()) for path in tmp_path.glob("*.pids")]
+    assert pids and still_running(pids, grace=2.0) == []
+    assert multiprocessing.active_children() == []
 
 
 def test_the_fork_server_start_counts_and_goes_on_for_the_next_check() -> None:

@@ -1,4 +1,4 @@
-"""Benchmarks: `python tools/bench.py NAME`, NAME one of `benchmarks.MODULES` (resume, scale, preflight, ...).
+"""Benchmarks: `python tools/bench.py NAME`, NAME one of `benchmarks.MODULES` (resume, scale, preflight, workers, ...).
 
 Speed goals live here, never in timed unit tests. Each benchmark (a module of `tools/benchmarks/`) prints its
 figures and, where a goal is a ratio, the reference measured in the same run.

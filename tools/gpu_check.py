@@ -2,7 +2,9 @@
 
 Prints one line per check and exits 1 if a clean recipe does not PASS or a faulty one does not
 FAIL with its cause. Needs CUDA; the data-parallel and multi-rank resume parts need at least two GPUs
-(one per rank).
+(one per rank). The autocast part: float16 autocast on a CUDA model passes (`CudaAutocast`, and the
+example language model on the GPU), `torch.autocast("cpu")` around a CUDA model fails
+`autocast_ineffective`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "test"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "test"), str(ROOT / "examples"), str(ROOT)]
 
 import trainparity as tp  # noqa: E402
 
@@ -80,6 +82,37 @@ class CudaDDP(CudaRegression):
             yield ids[self.rank::self.world], x[self.rank::self.world]
 
 
+class CudaAutocast(tp.Recipe):
+    """A small MLP on the GPU under float16 autocast with a GradScaler; `region` is the device type the autocast
+    region names ("cpu": autocast that changes nothing on CUDA tensors)."""
+
+    autocast_dtype = torch.float16
+
+    def __init__(self, region: str = "cuda") -> None:
+        self.region = region
+
+    def setup(self) -> tp.State:
+        model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 1)).cuda()
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+                        scaler=torch.amp.GradScaler("cuda"))
+
+    def batches(self, state: tp.State) -> Any:
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield torch.randn(32, 64, generator=generator).cuda(), torch.randn(32, 1, generator=generator).cuda()
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        x, y = batch
+        dtype = torch.float16 if self.region == "cuda" else torch.bfloat16
+        with torch.autocast(self.region, dtype=dtype):
+            loss = nn.functional.mse_loss(state.model(x).float(), y)
+        state.optimizer.zero_grad()
+        state.scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        return loss.detach()
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check")
@@ -100,6 +133,11 @@ def main() -> int:
                                                              isolation="spawn"), tp.Outcome.FAIL, "rng.cuda")
     expect("accumulation on CUDA", tp.check_accumulation(gpu_check, isolation="spawn", disable_dropout=True),
            tp.Outcome.PASS)
+    expect("autocast('cuda') on a CUDA model", tp.check_mixed_precision("gpu_check:CudaAutocast"), tp.Outcome.PASS)
+    expect("autocast('cpu') around a CUDA model", tp.check_mixed_precision("gpu_check:CudaAutocast(region='cpu')"),
+           tp.Outcome.FAIL, "autocast.CudaAutocast.step")
+    expect("the example language model on CUDA, float16 autocast",
+           tp.check_mixed_precision("autocast_lm:AutocastLM(device='cuda')", steps=2), tp.Outcome.PASS)
     gpus = torch.cuda.device_count()
     if gpus >= 2:
         expect("DDP on nccl, clean", tp.check_data_parallel("gpu_check:CudaDDP", world_size=2, backend="nccl"),

@@ -2,11 +2,13 @@
 
 Runs the clean controls and the deliberate faults of the realistic examples in `examples/`
 through the resume, accumulation and coverage checks, (surface "parallel") through the resume
-and data-parallel checks on real gloo ranks, and (surfaces "frozen" and "train-mode") through the
-frozen, optimizer coverage and train-mode checks, and compares each outcome and first
-violation (path and cause) with what the fault declares. Prints one table per surface; with
-`--write FILE`, also writes the tables, the exact command and the versions that produced them.
-Exits 1 when a clean control does not pass or a fault is missed, 0 otherwise (the
+and data-parallel checks on real gloo ranks, (surfaces "frozen" and "train-mode") through the
+frozen, optimizer coverage and train-mode checks, (surface "autocast") through the mixed-precision
+check's autocast coverage and (surface "workers") through the worker randomness check, and
+compares each outcome and first violation (path and cause) with what the fault declares.
+Prints one table per surface; with `--write FILE`, also writes the tables, the exact command
+and the versions that produced them. Exits 1 when a clean control does not pass or a fault is
+missed, 0 otherwise (the
 StatefulDataLoader cases are skipped, and said to be, when torchdata is not installed).
 
 The faults are constructor arguments of the examples' recipes and pipelines (`fault="..."`),
@@ -40,6 +42,8 @@ import trainparity as tp  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))  # the examples are modules the checks' fresh processes import
 
+import augment  # noqa: E402
+import autocast_lm  # noqa: E402
 import charlm  # noqa: E402
 import cnn  # noqa: E402
 import finetune  # noqa: E402
@@ -50,8 +54,10 @@ import tp_mlp  # noqa: E402
 torch.set_num_threads(1)
 # Faulted recipes step the scheduler out of order on purpose; torch warns about it.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)`")
+# The autocast fault that asks for CUDA on a CPU model: torch warns that it turns the region off.
+warnings.filterwarnings("ignore", message="CUDA is not available")
 
-SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode")
+SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode", "autocast", "workers")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
 #: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
 ACCUMULATION = {"microbatches": 4, "cycles": 2}
@@ -164,6 +170,14 @@ def optimizer_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
 
 def train_mode(fault: str | None = None) -> Callable[[], tp.Result]:
     return lambda: tp.check_train_mode(finetune.FineTune(fault), eval_modules=FINETUNE_IN_EVAL)
+def autocast(fault: str | None = None, **allowed: Any) -> Callable[[], tp.Result]:
+    """The bfloat16 language model's mixed precision (its autocast coverage), 2 steps."""
+    return lambda: tp.check_mixed_precision(autocast_lm.AutocastLM(fault=fault), steps=2, **allowed)
+
+
+def workers(stream: bool = False, fault: str | None = None) -> Callable[[], tp.Result]:
+    """The augmentation pipeline's workers over 2 epochs: the map-style loader, or the streaming one."""
+    return lambda: tp.check_worker_randomness((augment.stream_loader if stream else augment.loader)(fault), epochs=2)
 
 
 def restored(path: str) -> Expect:
@@ -311,6 +325,38 @@ CASES = [
          train_mode("eval_without_train"), Expect("modules.backbone.stages.1.0.1", "module_left_in_eval")),
     Case("train-mode", "finetune", "eval_in_train_mode", "the evaluation runs under no_grad() without model.eval()",
          train_mode("eval_in_train_mode"), Expect("modules.backbone.stages.1.0.1", "eval_in_train_mode")),
+    # -- autocast: the mixed-precision check's autocast coverage ---------------------------------------------
+    Case("autocast", "autocast_lm", "clean", "bfloat16 autocast on the tensors' device, autocast_dtype declared",
+         autocast()),
+    Case("autocast", "autocast_lm", "clean (float32 attention allowed)",
+         "a deliberate float32 attention, allowed by allow_float32=('attn',)",
+         autocast("attention_in_float32", allow_float32=("attn",))),
+    Case("autocast", "autocast_lm", "autocast_on_wrong_device", "torch.autocast('cuda') around a CPU model",
+         autocast("autocast_on_wrong_device"), Expect("autocast.AutocastLM.step", "autocast_ineffective")),
+    Case("autocast", "autocast_lm", "amp_flag_off", "enabled= read from a config flag that is False",
+         autocast("amp_flag_off"), Expect("autocast.AutocastLM.step", "autocast_ineffective")),
+    Case("autocast", "autocast_lm", "forward_autocast_disabled", "a nested autocast(enabled=False) over the forward",
+         autocast("forward_autocast_disabled"), Expect("autocast.AutocastLM.step", "autocast_ineffective")),
+    Case("autocast", "autocast_lm", "custom_fwd_float32", "every matmul in custom_fwd(cast_inputs=torch.float32)",
+         autocast("custom_fwd_float32"), Expect("autocast.AutocastLM.step", "autocast_ineffective")),
+    Case("autocast", "autocast_lm", "attention_in_float32", "attention scores in float32 with autocast off",
+         autocast("attention_in_float32"), Expect("modules.attn", "autocast_bypassed")),
+    # -- workers: the worker randomness check --------------------------------------------------------------
+    Case("workers", "augment", "clean", "each worker's generators seeded from torch.initial_seed()", workers()),
+    Case("workers", "augment", "clean (stream)", "a generator derived from the worker id and the epoch",
+         workers(stream=True)),
+    Case("workers", "augment", "generator_built_in_init", "np.random.default_rng(0) in __init__, copied to workers",
+         workers(fault="generator_built_in_init"),
+         Expect("dataset.augment.shift.rng", "worker_rng_shared", fields=(("worker", 1),))),
+    Case("workers", "augment", "torch_generator_not_reseeded", "a torch.Generator the worker_init_fn forgets",
+         workers(fault="torch_generator_not_reseeded"), Expect("dataset.augment.noise.generator", "worker_rng_shared")),
+    Case("workers", "augment", "numpy_seeded_in_worker_init", "np.random.seed(0) in worker_init_fn",
+         workers(fault="numpy_seeded_in_worker_init"), Expect("rng.numpy", "worker_rng_shared")),
+    Case("workers", "augment", "python_seeded_in_worker_init", "random.seed(0) in worker_init_fn",
+         workers(fault="python_seeded_in_worker_init"), Expect("rng.python", "worker_rng_shared")),
+    Case("workers", "augment", "persistent_epoch_seed", "persistent workers never see set_epoch: epochs repeat",
+         workers(stream=True, fault="persistent_epoch_seed"),
+         Expect("dataset.rng", "epoch_rng_repeated", fields=(("epoch", 1),))),
 ]
 
 
@@ -435,7 +481,8 @@ def document(rows: list[Row], total: float) -> str:
         "float64 (the default `precision`) with its fixed tolerance. Parallel checks on gloo ranks: resume "
         "`steps=6, resume_at=3, world_size=2` (exact on the same world size, float64 with its tolerance across "
         "a change), data parallel `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
-        "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages.",
+        "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages. Autocast: "
+        "`check_mixed_precision(steps=2)`; workers: `check_worker_randomness(epochs=2)`.",
         "",
     ]
     for surface in SURFACES:

@@ -19,6 +19,7 @@ from trainparity._assertions import (
     assert_resume_script_equivalent,
     assert_runs_equivalent,
     assert_train_mode,
+    assert_worker_randomness,
 )
 from trainparity._batches._split import split_batch
 from trainparity._coverage import (
@@ -51,6 +52,7 @@ from trainparity._results._result import (
     ResumeResult,
     RunsResult,
     TrainModeResult,
+    WorkerRandomnessResult,
 )
 from trainparity._results._violation import ChildError, Outcome, Violation
 from trainparity._resume import check_resume
@@ -60,6 +62,7 @@ from trainparity._state._compare import ExactComparison, ToleranceComparison
 from trainparity._state._entries import State
 from trainparity._testing import TestCase, TrainParityMixin
 from trainparity._version import __version__
+from trainparity._workers import check_worker_randomness
 
 __all__ = [
     "AccumulationResult",
@@ -90,6 +93,7 @@ __all__ = [
     "TrainParityMixin",
     "Violation",
     "WorkerBatch",
+    "WorkerRandomnessResult",
     "__version__",
     "assert_accumulation_equivalent",
     "assert_coverage",
@@ -101,6 +105,7 @@ __all__ = [
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
     "assert_train_mode",
+    "assert_worker_randomness",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
@@ -111,6 +116,7 @@ __all__ = [
     "check_resume_script",
     "check_runs_equivalent",
     "check_train_mode",
+    "check_worker_randomness",
     "load_state",
     "probe",
     "save_state",

@@ -19,6 +19,8 @@ import unittest
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NoReturn, TypeAlias, TypeVar
 
+from torch.utils.data import DataLoader
+
 from trainparity._accumulation import check_accumulation
 from trainparity._accumulation._run import SplitFunction
 from trainparity._coverage import check_coverage
@@ -44,11 +46,13 @@ from trainparity._results._result import (
     ResumeResult,
     RunsResult,
     TrainModeResult,
+    WorkerRandomnessResult,
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._resume import check_resume
 from trainparity._script import Command, check_resume_script, check_runs_equivalent
 from trainparity._state._compare import Comparison
+from trainparity._workers import check_worker_randomness
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
 # pytest frames that set `__tracebackhide__`.
@@ -301,6 +305,8 @@ def assert_mixed_precision_safe(
     *,
     steps: int = 4,
     max_skipped_steps: int | None = None,
+    allow_float32: str | Sequence[str] | None = None,
+    max_float32_share: float = 0.0,
     seed: int = 0,
     isolation: Isolation | None = None,
     timeout: float | None = None,
@@ -311,7 +317,8 @@ def assert_mixed_precision_safe(
     otherwise."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
-    result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps, seed=seed,
+    result = check_mixed_precision(recipe, steps=steps, max_skipped_steps=max_skipped_steps,
+                                   allow_float32=allow_float32, max_float32_share=max_float32_share, seed=seed,
                                    isolation=isolation, timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)
 
@@ -350,4 +357,21 @@ def assert_train_mode(
     validate_options(msg, abstain)
     result = check_train_mode(recipe, steps=steps, eval_modules=eval_modules, seed=seed, isolation=isolation,
                               timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_worker_randomness(
+    loader: DataLoader[Any],
+    *,
+    epochs: int = 2,
+    batches: int | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> WorkerRandomnessResult:
+    """`tp.check_worker_randomness(...)` as an assertion: the result on PASS, AssertionError with the report
+    otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_worker_randomness(loader, epochs=epochs, batches=batches, timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)

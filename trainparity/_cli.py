@@ -28,6 +28,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
     TrainModeResult,
+    WorkerRandomnessResult,
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
@@ -141,8 +142,9 @@ def _run_optimizer_coverage(args: argparse.Namespace, spec: Spec, _recipe: objec
 def _run_mixed_precision(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
     from trainparity._preflight import check_mixed_precision
 
-    return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps, seed=args.seed,
-                                 isolation=args.isolation, timeout=args.timeout)
+    return check_mixed_precision(spec.text, steps=args.steps, max_skipped_steps=args.max_skipped_steps,
+                                 allow_float32=args.allow_float32, max_float32_share=args.max_float32_share,
+                                 seed=args.seed, isolation=args.isolation, timeout=args.timeout)
 
 
 def _run_frozen(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
@@ -174,6 +176,18 @@ def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Res
     ranks, policy, *sample_ids = returned
     return check_coverage(ranks, policy=policy, sample_ids=sample_ids[0] if sample_ids else None,
                           max_violations=args.max_violations, timeout=args.timeout)
+
+
+def _run_worker_randomness(args: argparse.Namespace, spec: Spec, function: object) -> Result:
+    from trainparity._workers import check_worker_randomness
+
+    if not callable(function):
+        raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
+    try:
+        loader = function(*spec.args, **spec.kwargs)
+    except Exception as error:  # noqa: BLE001 - the user's function raised
+        return _errored(WorkerRandomnessResult, f"{spec.qualname}()", error, {"function": spec.text})
+    return check_worker_randomness(loader, epochs=args.epochs, batches=args.batches, timeout=args.timeout)
 
 
 def _run_resume_script(args: argparse.Namespace) -> Result:
@@ -288,13 +302,19 @@ def build_parser() -> argparse.ArgumentParser:
                                         help="calls of step() observed after setup() (default: 1; 0: setup() only)")
 
     mixed = _command(commands, "mixed-precision", "mixed precision: the GradScaler's contract (scaler.step, update, "
-                     "unscale_ before clipping, skipped steps) and non-finite losses, gradients and parameters",
+                     "unscale_ before clipping, skipped steps), non-finite losses, gradients and parameters, and "
+                     "autocast coverage (regions that lower nothing, ops run in float32 inside them)",
                      Command(_run_mixed_precision, MixedPrecisionResult))
     _recipe_options(mixed, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = mixed.add_argument
     add("--steps", type=int, default=4, help="calls of step() observed (default: 4)")
     add("--max-skipped-steps", type=int, default=None, metavar="N",
         help="optimizer steps the GradScaler may skip (default: half of its scaler.step() calls)")
+    add("--allow-float32", action="append", default=None, metavar="GLOB",
+        help="a module-name glob whose float32 matmuls inside autocast are deliberate, e.g. 'attn*' (repeatable)")
+    add("--max-float32-share", type=float, default=0.0, metavar="F",
+        help="the share of the matmul, convolution and attention FLOPs inside autocast regions that may run in "
+             "float32 outside the allowed modules (default: 0)")
 
     frozen = _command(commands, "frozen", "frozen parameters and buffers stay bitwise unchanged through a few steps, "
                       "and what moved one (a stale gradient, weight decay, a BatchNorm in train mode)",
@@ -363,6 +383,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="list at most N violations (default: 1,000,000; the notes count them all)")
     add("--timeout", type=float, default=None, metavar="S",
         help="seconds the reading of the iterables may take before the check ends in ERROR (default: no limit)")
+
+    workers = _command(commands, "worker-randomness", "worker randomness: DataLoader workers, or epochs, that draw the "
+                       "same random numbers (augmentations)",
+                       Command(_run_worker_randomness, WorkerRandomnessResult, "package.module:function", "function"))
+    add = workers.add_argument
+    add("spec", metavar="function",
+        help="package.module:function or path/to/file.py:function, optionally with literal arguments, returning the "
+             "torch.utils.data.DataLoader to check (a new one: the check starts its workers)")
+    add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+    add("--epochs", type=int, default=2, help="epochs of the loader iterated (default: 2)")
+    add("--batches", type=int, default=None, metavar="N", help="batches per epoch (default: whole epochs)")
+    add("--timeout", type=float, default=None, metavar="S",
+        help="seconds the whole check may take before it ends in ERROR and its workers are killed (default: no "
+             "limit)")
     return parser
 
 

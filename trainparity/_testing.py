@@ -28,6 +28,7 @@ from trainparity._assertions import (
     assert_resume_script_equivalent,
     assert_runs_equivalent,
     assert_train_mode,
+    assert_worker_randomness,
 )
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
@@ -88,6 +89,7 @@ class TrainParityMixin:
     assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
     assertFrozen = _method(assert_frozen)
     assertTrainMode = _method(assert_train_mode)
+    assertWorkerRandomness = _method(assert_worker_randomness)
 
 
 class TestCase(expecttest.TestCase, TrainParityMixin):

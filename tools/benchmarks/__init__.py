@@ -19,6 +19,7 @@ MODULES = {
     "scale": "scale",
     "script": "script",
     "wire": "wire",
+    "workers": "workers",
 }
 
 

@@ -19,7 +19,7 @@ import operator
 import traceback
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -29,10 +29,11 @@ from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
 from trainparity._process._alarm import DeadlinePassed
 from trainparity._process._options import Deadline
-from trainparity._results._result import CoverageResult
+from trainparity._results._result import CoverageResult, Result
 from trainparity._results._violation import ChildError, JsonValue
 
 Window = tuple[int, Mapping[int, Any]]
+R = TypeVar("R", bound=Result)
 #: the bytes of one int64 ID
 _WORD = 8
 #: the most IDs reserved ahead of need from an iterator's length hint
@@ -43,32 +44,33 @@ _DTYPE, _NDIM, _IS_CPU = operator.attrgetter("dtype"), operator.attrgetter("ndim
 class UserCodeFailed(Exception):
     """The user's iterable or sample_ids raised: the check ends in ERROR."""
 
-    def __init__(self, error: Exception, phase: str, rank: int) -> None:
+    def __init__(self, error: Exception, phase: str, rank: int | None) -> None:
         super().__init__(phase)
         self.error, self.phase, self.rank = error, phase, rank
 
-    def result(self, config: dict[str, JsonValue]) -> CoverageResult:
+    def result(self, config: dict[str, JsonValue], result_type: type[R] = CoverageResult) -> R:  # type: ignore[assignment]
         # Imported here: the child's error records stand on the report and comparison modules, which the
         # coverage package does not otherwise need (test/test_coverage_imports.py).
         from trainparity._process._child import error_record
 
         error = ChildError.raised(error_record(self.error), self.phase, self.rank)
         release_frames(self.error)
-        return CoverageResult.errored(error, config, self.error)
+        return result_type.errored(error, config, self.error)
 
 
 class ReadingTimedOut(Exception):
     """The check's timeout passed while the user's iterables were read: the check ends in ERROR."""
 
-    def __init__(self, interruption: DeadlinePassed, phase: str, rank: int) -> None:
+    def __init__(self, interruption: DeadlinePassed, phase: str, rank: int | None) -> None:
         super().__init__(phase)
         self.stack, self.phase, self.rank = interruption.stack(), phase, rank
         release_frames(interruption)
 
-    def result(self, config: dict[str, JsonValue], deadline: Deadline) -> CoverageResult:
+    def result(self, config: dict[str, JsonValue], deadline: Deadline,
+               result_type: type[R] = CoverageResult) -> R:  # type: ignore[assignment]
         error = ChildError("timeout", self.phase, f"did not finish reading within {deadline.describe()}: the "
                            "iterable was interrupted there", traceback=self.stack, rank=self.rank)
-        return CoverageResult.errored(error, config)
+        return result_type.errored(error, config)
 
 
 def release_frames(error: BaseException) -> None:
@@ -88,7 +90,7 @@ def release_frames(error: BaseException) -> None:
         pending += [current.__cause__, current.__context__]
 
 
-def _release(iterator: Any, iterable: Any, finished: bool, late: bool) -> None:
+def release_iterator(iterator: Any, iterable: Any, finished: bool, late: bool) -> None:
     """Let go of a rank's iterator: close a generator; shut down the workers of a DataLoader iterator that did
     not finish, unless it is the loader's persistent iterator (the loader owns those workers and reuses them).
     `late`: the check's timeout has passed, so the workers are killed at once instead of being asked to stop
@@ -269,7 +271,7 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
                 raise ReadingTimedOut(interruption, phase, int(rank)) from None
             finally:
                 # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
-                _release(iterator, iterable, finished, late)
+                release_iterator(iterator, iterable, finished, late)
                 del iterator, iterable
             pieces.append((groups[window], int(rank), window, first_id, streams.size, first_batch,
                            len(streams.batch_starts)))

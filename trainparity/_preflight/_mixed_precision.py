@@ -1,22 +1,27 @@
-"""`check_mixed_precision`: the GradScaler's contract, and non-finite values, over a few observed steps.
+"""`check_mixed_precision`: the GradScaler's contract, non-finite values and autocast coverage, over a few
+observed steps.
 
 The run observes `steps` calls of `step()` through the observer's optimizer step hooks and its
 wrappers on the State's enabled `torch.amp.GradScaler` (`unscale_`, `step`, `update`) and on the
 clipping functions. Per call it records the loss, every optimizer step (whether it ran inside
 `scaler.step()`, with gradients still scaled, and which of them were not finite), every
 `scaler.step()` (the loss scale, whether it skipped the step, the scale `update()` left), every
-clip, and the parameters that are not finite afterwards. The judgement runs in the parent.
+clip, the parameters that are not finite afterwards, and what the autocast watch saw
+(`_observe/_autocast.py`, judged in `_autocast.py`). The judgement runs in the parent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Sequence
 from typing import Any
 
 from trainparity._compat import GradScaler
+from trainparity._observe._autocast import AutocastUse, AutocastWatch
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
+from trainparity._preflight._autocast import AutocastRules, autocast_findings, declared_dtype
 from trainparity._preflight._run import (
     Preflight,
     PreflightPayload,
@@ -70,18 +75,20 @@ class PrecisionStep:
     nonfinite_params: list[str]
     #: what the call raised, accepted as a consequence of a step outside scaler.step() (the run ended)
     error: str | None = None
+    #: the autocast regions and the matmul, convolution and attention ops the call ran
+    autocast: AutocastUse = dataclasses.field(default_factory=AutocastUse)
 
     def to_wire(self) -> dict[str, Any]:
         return {"step": self.step, "loss": self.loss,
                 "optimizer_steps": [dataclasses.asdict(s) for s in self.optimizer_steps],
                 "scaler_steps": [s.to_wire() for s in self.scaler_steps], "clips": [c.to_wire() for c in self.clips],
-                "nonfinite_params": self.nonfinite_params, "error": self.error}
+                "nonfinite_params": self.nonfinite_params, "error": self.error, "autocast": self.autocast.to_wire()}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> PrecisionStep:
         return cls(int(data["step"]), data["loss"], [OptimizerStep(**s) for s in data["optimizer_steps"]],
                    [ScalerStep.from_wire(s) for s in data["scaler_steps"]], [Clip.from_wire(c) for c in data["clips"]],
-                   list(data["nonfinite_params"]), data["error"])
+                   list(data["nonfinite_params"]), data["error"], AutocastUse.from_wire(data["autocast"]))
 
     def taken(self, scaler_step: ScalerStep) -> bool:
         """Whether the optimizer stepped inside `scaler_step` on finite gradients (an optimizer that unscales
@@ -143,7 +150,8 @@ def _raised_in_update(error: BaseException) -> bool:
 def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
     `scaler.update()` followed (the next `scaler.step()` would raise)."""
-    with observed_recipe(payload, record_contributions=False) as (recipe, observer):
+    with observed_recipe(payload, record_contributions=False) as (recipe, observer), \
+            AutocastWatch(observer.state, declared_dtype(type(recipe))) as watch:
         scalers = list(state_objects(observer.state, GradScaler))
 
         def outside_scaler_step(record: CallRecord, error: Exception) -> bool:
@@ -161,7 +169,7 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dic
             record = call.record
             trace.steps.append(PrecisionStep(call.number, record.loss, [OptimizerStep.observe(*e) for e in events],
                                              record.scaler_steps, record.clips, _nonfinite_parameters(observer),
-                                             call.error))
+                                             call.error, watch.take()))
             if any(step.scale_after is None for step in record.scaler_steps):
                 break
     return trace.to_wire()
@@ -256,8 +264,8 @@ def _scale_trace(trace: PrecisionTrace) -> str:
     return f"Loss scale at each scaler.step(): {', '.join(shown)}{after}."
 
 
-def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
-                          max_skipped_steps: int | None) -> MixedPrecisionResult:
+def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any], max_skipped_steps: int | None,
+                          rules: AutocastRules) -> MixedPrecisionResult:
     if not trace.optimizers:
         return MixedPrecisionResult(Outcome.ABSTAIN, config=config, reason="the State holds no optimizer: its steps "
                                     "cannot be observed; put the optimizer (and the GradScaler) in the State")
@@ -272,7 +280,9 @@ def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
                      "judged, only non-finite values.")
     found = [Violation("nonfinite_params", f"parameters.{name}", f"Parameter '{name}' holds an inf or a NaN right "
                        "after setup().", step=0, cause="nonfinite_params") for name in trace.initial_nonfinite]
+    autocast, autocast_notes = autocast_findings([(step.step, step.autocast) for step in trace.steps], rules)
     for step in trace.steps:
+        found += autocast[step.step]  # the forward comes first
         found += _step_violations(step, scaler)
         if step.error is not None:
             notes.append(f"Step {step.step} then raised {step.error} (scaler.update() after no scaler.step()); "
@@ -288,6 +298,7 @@ def judge_mixed_precision(trace: PrecisionTrace, config: dict[str, Any],
             violations.append(skipped)
         if violations[:1] != [skipped]:  # the report shows the loss-scale trace once: in the first violation, or here
             notes.append(f"GradScaler '{scaler}': {_scale_trace(trace)}")
+    notes += autocast_notes
     return MixedPrecisionResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
 
 
@@ -297,11 +308,13 @@ def check_mixed_precision(
     *,
     steps: int = 4,
     max_skipped_steps: int | None = None,
+    allow_float32: str | Sequence[str] | None = None,
+    max_float32_share: float = 0.0,
     seed: int = 0,
     isolation: Isolation | None = None,
     timeout: float | None = None,
 ) -> MixedPrecisionResult:
-    """Check the recipe's mixed-precision loop: the GradScaler's contract and non-finite values.
+    """Check the recipe's mixed-precision loop: the GradScaler's contract, non-finite values and autocast coverage.
 
     Observes `steps` calls of `step()` and reports optimizer steps outside `scaler.step()`
     (`scaler_step_bypassed`), a `scaler.step()` that no `scaler.update()` follows
@@ -309,9 +322,13 @@ def check_mixed_precision(
     on gradients holding an inf or a NaN (`nonfinite_grads_stepped`), more skipped steps than
     `max_skipped_steps` (default: half of the scaler steps; `skipped_steps`, with the loss-scale
     trace), non-finite losses (`nonfinite_loss`) and parameters (`nonfinite_params`). The
-    GradScaler is the State's one enabled `torch.amp.GradScaler` (CPU or CUDA). `isolation` is
-    "inprocess" (default), "process" or "spawn"; `timeout` bounds a run in a child process. Never
-    raises for a FAIL; misuse raises TypeError/ValueError.
+    GradScaler is the State's one enabled `torch.amp.GradScaler` (CPU or CUDA). Autocast: an
+    enabled region (or a recipe declaring `autocast_dtype`) whose matmul, convolution and attention
+    ops all ran in full precision (`autocast_ineffective`), and such ops run in float32 inside an
+    enabled region, per module, beyond `max_float32_share` of their FLOPs outside the modules the
+    globs of `allow_float32` name (`autocast_bypassed`). `isolation` is "inprocess" (default),
+    "process" or "spawn"; `timeout` bounds a run in a child process. Never raises for a FAIL;
+    misuse raises TypeError/ValueError.
     """
     if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int)
                                           or max_skipped_steps < 0):
@@ -319,9 +336,11 @@ def check_mixed_precision(
                          f"got {max_skipped_steps!r}")
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
                                   timeout=timeout)
-    config = {**preflight.config, "max_skipped_steps": max_skipped_steps}
+    rules = AutocastRules.validate(declared_dtype(preflight.payload.recipe.recipe_class()), allow_float32,
+                                   max_float32_share)
+    config = {**preflight.config, "max_skipped_steps": max_skipped_steps, **rules.config()}
     outcome = preflight.run(TASK, PrecisionTrace.from_wire)
     if outcome.error is not None:
         return MixedPrecisionResult.errored(outcome.error, config, outcome.exception)
     trace: PrecisionTrace = outcome.output
-    return judge_mixed_precision(trace, config, max_skipped_steps)
+    return judge_mixed_precision(trace, config, max_skipped_steps, rules)

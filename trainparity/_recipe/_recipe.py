@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import pathlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Generic, Self
+from typing import Any, ClassVar, Generic, Self
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ class Recipe(Generic[S]):
     """
 
     _tp_init_args: tuple[tuple[Any, ...], dict[str, Any]]
+    #: the dtype the recipe means its matmuls, convolutions and attention to run in under autocast
+    #: (`torch.bfloat16` or `torch.float16`), or None; `check_mixed_precision` fails a run in which none did
+    autocast_dtype: ClassVar[torch.dtype | None] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         self = super().__new__(cls)
