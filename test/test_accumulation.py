@@ -439,7 +439,9 @@ def test_hooks_and_wrappers_are_removed_afterwards(recipe: type[recipes.MLP]) ->
     imported = recipes.clip_grad_norm_
     recipes.BUILT.clear()
     check(recipe(record=True))
-    assert len(recipes.BUILT) == 2  # the reference's State and the candidate's
+    # The reference's State and the candidate's; a reference that raises in this process ends the check before
+    # the candidate is built.
+    assert len(recipes.BUILT) == (1 if recipe is recipes.RaisesInStep else 2)
     for state in recipes.BUILT:
         _assert_clean(state)
     assert {name: getattr(torch.nn.utils, name) for name in originals} == originals

@@ -21,11 +21,9 @@ from tensor_kinds import KINDS, KindsRecipe, changed
 
 import trainparity as tp
 from trainparity._process import _wire
-from trainparity._resume._trace import snapshot_to_wire
 from trainparity._state._compare import EXACT, Comparison, Snapshot, compare_snapshots
-from trainparity._state._digest import Digest, is_wire_digest
 from trainparity._state._precision import FLOAT64_TOLERANCE
-from trainparity._state._snapshot import Digesting, key_text, snapshot_state
+from trainparity._state._snapshot import Digesting, key_text, snapshot_from_wire, snapshot_state, snapshot_to_wire
 
 #: the comparisons the checks use: exact (resume, scripts), float64's tolerance (accumulation, parallel), a
 #: user's declared one
@@ -37,8 +35,7 @@ DIGESTINGS = [None, Digesting(above=0)]
 def over_the_wire(snapshot: Snapshot, directory: pathlib.Path) -> Snapshot:
     """The snapshot as the parent reads it from a child."""
     _wire.dump(snapshot_to_wire(snapshot), directory / "trace")
-    loaded = _wire.load(directory / "trace")
-    return {path: Digest.from_wire(leaf) if is_wire_digest(leaf) else leaf for path, leaf in loaded.items()}
+    return snapshot_from_wire(_wire.load(directory / "trace"))
 
 
 def differing_paths(expected: tp.State, actual: tp.State, tmp_path: pathlib.Path) -> Iterator[list[str]]:

@@ -145,12 +145,23 @@ def check_accumulation(
     reference = AccumulationPayload(ref, 1, None, None, cycles, seed, disable_dropout, precision, batch_dependent)
     sent = split if split is None or isolation == "inprocess" else _split_reference(split)
     candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
-    outcomes = run_jobs(
-        [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
-         Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire)],
-        deadline=deadline,
-        isolation=isolation,
-    )
+    judged_by = effective_comparison(declared, precision)
+    if isolation == "inprocess":
+        # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
+        # agree with them under the comparison: it copies, and the process pages in, only what differs.
+        outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire)],
+                            deadline=deadline, isolation=isolation)
+        if outcomes[0].error is None:
+            sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by)
+            outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
+                                 deadline=deadline, isolation=isolation)
+    else:
+        outcomes = run_jobs(
+            [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
+             Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire)],
+            deadline=deadline,
+            isolation=isolation,
+        )
     failed = first_error(outcomes)
     if failed is not None and failed.error is not None:
         result = AccumulationResult.errored(failed.error, config, failed.exception)
@@ -159,5 +170,4 @@ def check_accumulation(
             result.notes.append(hint)
         return result
     reference_trace, candidate_trace = (o.output for o in outcomes)
-    return judge_accumulation(reference_trace, candidate_trace, k, effective_comparison(declared, precision), config,
-                              precision, batch_dependent)
+    return judge_accumulation(reference_trace, candidate_trace, k, judged_by, config, precision, batch_dependent)

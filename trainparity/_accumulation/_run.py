@@ -8,6 +8,7 @@ too); the candidate gets one `step()` per micro-batch of the same full batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -22,11 +23,12 @@ from trainparity._observe._records import CallRecord
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
-from trainparity._state._compare import Snapshot
+from trainparity._state._compare import EXACT, Comparison, Snapshot
 from trainparity._state._entries import optimizer_named_state_dict
 from trainparity._state._precision import cast_batch, convert_state, require_float64, running_in
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state
+from trainparity._state._snapshot import Digesting, Sharing, flatten, snapshot_rng, snapshot_state
+from trainparity._state._tensors import readable
 
 SplitFunction = Callable[[Any, Microbatches], Sequence[Any]]
 
@@ -45,6 +47,9 @@ class AccumulationPayload:
     disable_dropout: bool
     precision: str
     batch_dependent: str
+    #: in this process, the reference's trace that the candidate shares the tensors it agrees with (`Sharing`)
+    expected: AccumulationTrace | None = None
+    comparison: Comparison = EXACT
 
 
 class _InputError(Exception):
@@ -70,7 +75,8 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
                       record_contributions=payload.microbatches is not None,
                       batch_dependent=payload.batch_dependent, before_step=before_step) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.
-            initial, initial_rng = snapshot_state(state), snapshot_rng()
+            # Compared exactly: large tensors as digests.
+            initial, initial_rng = snapshot_state(state, Digesting()), snapshot_rng()
             input_error, windows = None, []
             try:
                 windows = _run_windows(recipe, observer, payload)
@@ -90,6 +96,10 @@ def _observe_window(
     recipe: Recipe, observer: Observer, payload: AccumulationPayload, batches: Iterator[Any], window: int
 ) -> Window:
     name = type(recipe).__name__
+    expected = payload.expected.windows[window - 1] if payload.expected and len(payload.expected.windows) >= window \
+        else None
+    observer.share_gradient = None if expected is None else functools.partial(_shared_gradient, expected,
+                                                                                payload.comparison)
     batch = cast_batch(next_batch(batches, recipe, f"window {window}"), payload.precision)
     record: Snapshot = {}
     for path, leaf in leaves(batch):
@@ -108,14 +118,28 @@ def _observe_window(
             call = observer.end_call()
         _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
         calls.append(call)
-    parameters: Snapshot = {f"parameters.{n}": p.detach().to("cpu", copy=True) for n, p in observer.parameters()}
+    parameters: Snapshot = {}
+    for name, parameter in observer.parameters():
+        flatten(f"parameters.{name}", parameter, parameters,
+                sharing=None if expected is None else Sharing(expected.parameters, payload.comparison))
     optimizers: Snapshot = {}
     for entry, optimizer in observer.optimizers.items():
-        flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers)
+        flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers,
+                sharing=None if expected is None else Sharing(expected.optimizers, payload.comparison))
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
         flatten(entry, state_dict(scheduler), schedulers)
     return Window(record, _sizes(parts), calls, observer.take_step_events(), parameters, optimizers, schedulers)
+
+
+def _shared_gradient(expected: Window, comparison: Comparison, entry: str, index: int, name: str,
+                     gradient: torch.Tensor) -> torch.Tensor | None:
+    """The reference's gradient at the same step of the same optimizer, where the candidate's agrees with it."""
+    events = expected.steps.get(entry, [])
+    values = readable(gradient)
+    if index >= len(events) or not isinstance(values, torch.Tensor):
+        return None
+    return Sharing({name: events[index].grads.get(name)}, comparison).leaf(name, values)
 
 
 def _split(batch: Any, payload: AccumulationPayload) -> Sequence[Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._compare import Snapshot
+from trainparity._state._snapshot import snapshot_from_wire, snapshot_to_wire
 
 
 def _call_to_wire(call: CallRecord) -> dict[str, Any]:
@@ -120,7 +121,7 @@ class AccumulationTrace:
 
     def to_wire(self) -> dict[str, Any]:
         return {
-            "initial": self.initial,
+            "initial": snapshot_to_wire(self.initial),
             "initial_rng": self.initial_rng,
             "input_error": self.input_error,
             "windows": [window.to_wire() for window in self.windows],
@@ -133,7 +134,7 @@ class AccumulationTrace:
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> AccumulationTrace:
         return cls(
-            initial=dict(data["initial"]),
+            initial=snapshot_from_wire(data["initial"]),
             initial_rng=dict(data["initial_rng"]),
             input_error=data["input_error"],
             windows=[Window.from_wire(window) for window in data["windows"]],

@@ -140,6 +140,9 @@ class Observer(HookSet):
         self.batch_dependent: set[str] = set()
         self._clip_records: list[dict[str, torch.Tensor | None]] = []
         self._clip_depth = 0
+        #: (optimizer entry, its step's index since `take_step_events`, parameter name, live gradient) -> a tensor
+        #: of a run observed before, held instead of a copy where the gradient agrees with it (`_snapshot.Sharing`)
+        self.share_gradient: Callable[[str, int, str, torch.Tensor], torch.Tensor | None] | None = None
 
     @staticmethod
     def _params_of(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -247,7 +250,7 @@ class Observer(HookSet):
         scale = self._scale_of(entry)
         # A closure (`optimizer.step(closure)`) computes the gradients inside the step: they are read after it.
         closure = step_closure(optimizer, args, kwargs)
-        grads = {} if closure is not None else self._grads(entry, scale)
+        grads = {} if closure is not None else self._grads(entry, scale, len(self.step_events[entry]))
         if closure is not None:
             self._closure_steps.add(entry)
         pre_clip: dict[str, torch.Tensor] = {}
@@ -269,8 +272,14 @@ class Observer(HookSet):
             order=self._steps_seen,
         ))
 
-    def _grads(self, entry: str, scale: float | None) -> dict[str, torch.Tensor | None]:
-        return {name: grad_copy(p.grad, scale) for name, p in self.optimizer_parameters[entry]}
+    def _grads(self, entry: str, scale: float | None, index: int) -> dict[str, torch.Tensor | None]:
+        grads: dict[str, torch.Tensor | None] = {}
+        for name, parameter in self.optimizer_parameters[entry]:
+            shared = None
+            if self.share_gradient is not None and scale is None and parameter.grad is not None:
+                shared = self.share_gradient(entry, index, name, parameter.grad)
+            grads[name] = shared if shared is not None else grad_copy(parameter.grad, scale)
+        return grads
 
     def _after_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if entry in self._creating_state:
@@ -279,7 +288,7 @@ class Observer(HookSet):
         if entry in self._closure_steps:
             self._closure_steps.discard(entry)
             event = self.step_events[entry][-1]
-            event.grads = self._grads(entry, event.scale if event.scaled else None)
+            event.grads = self._grads(entry, event.scale if event.scaled else None, len(self.step_events[entry]) - 1)
         self.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1

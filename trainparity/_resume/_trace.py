@@ -19,11 +19,10 @@ from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
-from trainparity._state._digest import Digest, is_wire_digest
 from trainparity._state._entries import State, unobserved_entries
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import Digesting, snapshot_rng, snapshot_state
+from trainparity._state._snapshot import Digesting, snapshot_from_wire, snapshot_rng, snapshot_state, snapshot_to_wire
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +47,11 @@ class StepRecord:
         ids, loss, start = data["sample_ids"], data["loss"], data["start"]
         return cls(
             step=_typed(data["step"], int, "step"),
-            rng=_snapshot(data["rng"]),
+            rng=snapshot_from_wire(data["rng"]),
             sample_ids=None if ids is None else _typed(ids, list, "sample_ids"),
             loss=None if loss is None else float(_typed(loss, (int, float), "loss")),
-            state=_snapshot(data["state"]),
-            start=None if start is None else _snapshot(start),
+            state=snapshot_from_wire(data["state"]),
+            start=None if start is None else snapshot_from_wire(start),
         )
 
 
@@ -60,15 +59,6 @@ def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     if not isinstance(value, kind) or isinstance(value, bool):
         raise TypeError(f"{what} is a {type(value).__name__}")
     return value
-
-
-def snapshot_to_wire(snapshot: Snapshot) -> dict[str, Any]:
-    return {path: leaf.to_wire() if isinstance(leaf, Digest) else leaf for path, leaf in snapshot.items()}
-
-
-def _snapshot(value: Any) -> Snapshot:
-    return {path: Digest.from_wire(leaf) if is_wire_digest(leaf) else leaf
-            for path, leaf in _typed(value, dict, "snapshot").items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +103,9 @@ class RunTrace:
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> RunTrace:
         def boundary(value: Any) -> Boundary | None:
-            return None if value is None else Boundary(_snapshot(value["state"]), _snapshot(value["rng"]))
+            if value is None:
+                return None
+            return Boundary(snapshot_from_wire(value["state"]), snapshot_from_wire(value["rng"]))
 
         return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
                    boundary(data["loaded"]), boundary(data["saved"]),

@@ -7,14 +7,14 @@ by a child with `torch.save` and read by the parent with `torch.load(weights_onl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Leaf, Snapshot
-from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest
+from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Comparison, Leaf, Snapshot, compare_tensors
+from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest, is_wire_digest
 from trainparity._state._entries import State, entry_components, parameter_names
 from trainparity._state._rng import capture_rng
 from trainparity._state._tensors import copied_to_cpu, leaf, readable
@@ -40,6 +40,38 @@ class Digesting:
         return value.nbytes > self.above and path not in self.full
 
 
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """A snapshot already taken whose tensors another snapshot may hold instead of copies.
+
+    A run compared with one that ran before it in this process (the accumulation check's candidate with its
+    reference) keeps, where its live tensor agrees with the earlier snapshot's under the check's comparison,
+    the earlier tensor itself: the judge finds the two identical, and the run copies (and the process pages in)
+    only what differs.
+    """
+
+    expected: Mapping[str, Leaf]
+    comparison: Comparison
+
+    def leaf(self, path: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        known = self.expected.get(path)
+        if isinstance(known, torch.Tensor) and tensor.device.type == "cpu" and (
+                compare_tensors(known, tensor, self.comparison) is None):
+            return known
+        return None
+
+
+def snapshot_to_wire(snapshot: Snapshot) -> dict[str, Any]:
+    """A snapshot in the wire format: digests as their records."""
+    return {path: leaf.to_wire() if isinstance(leaf, Digest) else leaf for path, leaf in snapshot.items()}
+
+
+def snapshot_from_wire(value: Any) -> Snapshot:
+    if not isinstance(value, dict):
+        raise TypeError(f"snapshot is a {type(value).__name__}")
+    return {str(path): Digest.from_wire(leaf) if is_wire_digest(leaf) else leaf for path, leaf in value.items()}
+
+
 def state_entry(path: str) -> str:
     """The State entry a snapshot path is under (its first component)."""
     return path.split(".", 1)[0]
@@ -62,19 +94,21 @@ def _keyed_items(value: dict[Any, Any]) -> list[tuple[str, Any]]:
                                                                                           strict=True)]
 
 
-def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None) -> None:
-    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested)."""
-    _flatten(path, value, out, digesting, {})
+def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None,
+            sharing: Sharing | None = None) -> None:
+    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested, or shared)."""
+    _flatten(path, value, out, digesting, {}, sharing)
 
 
-def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str]) -> None:
+def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str],
+             sharing: Sharing | None = None) -> None:
     if isinstance(value, (dict, list, tuple)):
         if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
             out[path] = f"<the container at {enclosing[id(value)]}>"
             return
         numbers = _number_tensor(value)
         if numbers is not None:
-            _flatten(path, numbers, out, digesting, enclosing)
+            _flatten(path, numbers, out, digesting, enclosing, sharing)
             return
         if not value:  # an empty container is a value too: None, {} and a missing entry differ
             out[path] = EMPTY_DICT if isinstance(value, dict) else EMPTY_SEQUENCE
@@ -82,14 +116,17 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
         enclosing[id(value)] = path
         items = _keyed_items(value) if isinstance(value, dict) else [(str(i), v) for i, v in enumerate(value)]
         for key, item in items:
-            _flatten(f"{path}.{key}", item, out, digesting, enclosing)
+            _flatten(f"{path}.{key}", item, out, digesting, enclosing, sharing)
         del enclosing[id(value)]
     elif isinstance(value, (torch.Tensor, np.ndarray)):
         values = readable(value) if isinstance(value, torch.Tensor) else _array_values(value)
+        shared = sharing.leaf(path, values) if sharing is not None and isinstance(values, torch.Tensor) else None
         if isinstance(values, list):  # a nested tensor's components, an array of strings or objects
-            _flatten(path, values, out, digesting, enclosing)
+            _flatten(path, values, out, digesting, enclosing, sharing)
         elif isinstance(values, str):
             out[path] = values
+        elif shared is not None:
+            out[path] = shared
         elif digesting is not None and digesting.applies(path, values):
             out[path] = digest(values)
         else:
