@@ -7,7 +7,8 @@ Each measurement runs in a fresh interpreter (`scale_probe`), so that no part in
   parent's peak RSS during it;
 - steps: the parent's peak RSS during check_resume of a 1.1 M-parameter MLP at 50 steps against 6;
 - accumulation: check_accumulation of a 3.2 M-parameter MLP (k=4, cycles=2) against plain training of the
-  same forward/backward/optimizer steps in one process, each the fastest of 5 interleaved rounds.
+  same forward/backward/optimizer steps in one process, in float32 and in float64 (the check's judging
+  precision, hence the floor; the target is against it), each the fastest of 5 interleaved rounds.
 Targets are reported, not enforced; the exit status is non-zero when a probe fails or a check on these
 correct recipes does not PASS.
 """
@@ -44,12 +45,6 @@ def _scale_recipe(part: str, **overrides: int) -> Any:
         return bench_recipes.MLP(inputs=32, width=1024, hidden=2, outputs=1, batch=32, **overrides)
     assert part == "accumulation"  # 3.2 M parameters: 16 -> 4 x 1024 -> 16
     return bench_recipes.MLP(inputs=16, width=1024, hidden=4, outputs=16, batch=64, **overrides)
-
-
-
-
-
-
 
 
 def _plain_resume_runs(part: str, steps: int, resume_at: int) -> dict[str, float]:
@@ -169,8 +164,6 @@ def probe(name: str) -> None:
     print(json.dumps(figures))
 
 
-
-
 def run(args: argparse.Namespace) -> None:
     parts = args.only or list(PARTS)
     rows: list[tuple[str, str, str, str]] = []  # part, figure, value, target (with pass/FAIL)
@@ -215,6 +208,7 @@ def run(args: argparse.Namespace) -> None:
                 accumulation = in_fresh_interpreter("scale", "probe", "accumulation")
                 errors += accumulation["errors"]
                 ratio = accumulation["warm"] / accumulation["plain"]
+                float64_ratio = accumulation["warm"] / accumulation["plain_float64"]
                 best = f"fastest of {ACCUMULATION_ROUNDS}"
                 rows += [
                     ("MLP 3.2M", f"plain training, float32 (2 steps, 2 windows of 4; {best})",
@@ -223,9 +217,9 @@ def run(args: argparse.Namespace) -> None:
                      f"{accumulation['plain_float64']:.3f} s", ""),
                     ("MLP 3.2M", "first check_accumulation(k=4, cycles=2)", f"{accumulation['cold']:.3f} s", ""),
                     ("MLP 3.2M", f"warm check_accumulation ({best})", f"{accumulation['warm']:.3f} s", ""),
-                    ("MLP 3.2M", "warm check / plain float32", f"{ratio:.2f}x", target(ratio, 2, "<= 2x")),
-                    ("MLP 3.2M", "warm check / plain float64",
-                     f"{accumulation['warm'] / accumulation['plain_float64']:.2f}x", ""),
+                    ("MLP 3.2M", "warm check / plain float32", f"{ratio:.2f}x", ""),
+                    ("MLP 3.2M", "warm check / plain float64 (the judging precision, the floor)",
+                     f"{float64_ratio:.2f}x", target(float64_ratio, 1.5, "<= 1.5x")),
                 ]
         except (RuntimeError, ValueError, KeyError) as error:  # a probe that failed: reported, and the exit fails
             errors.append(f"{part}: {error}")
