@@ -13,12 +13,15 @@ from trainparity._assertions import (
     assert_coverage,
     assert_data_parallel_equivalent,
     assert_frozen,
+    assert_loss_decreases,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
+    assert_overfits_one_batch,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
     assert_train_mode,
+    assert_training_healthy,
 )
 from trainparity._batches._split import split_batch
 from trainparity._coverage import (
@@ -38,6 +41,7 @@ from trainparity._preflight import (
     check_mixed_precision,
     check_optimizer_coverage,
     check_train_mode,
+    check_training,
 )
 from trainparity._recipe._recipe import LossAccounting, Recipe
 from trainparity._results._result import (
@@ -50,6 +54,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
     RunsResult,
+    TrainingResult,
     TrainModeResult,
 )
 from trainparity._results._violation import ChildError, Outcome, Violation
@@ -88,6 +93,7 @@ __all__ = [
     "ToleranceComparison",
     "TrainModeResult",
     "TrainParityMixin",
+    "TrainingResult",
     "Violation",
     "WorkerBatch",
     "__version__",
@@ -95,12 +101,15 @@ __all__ = [
     "assert_coverage",
     "assert_data_parallel_equivalent",
     "assert_frozen",
+    "assert_loss_decreases",
     "assert_mixed_precision_safe",
     "assert_optimizer_coverage",
+    "assert_overfits_one_batch",
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
     "assert_train_mode",
+    "assert_training_healthy",
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
@@ -111,6 +120,7 @@ __all__ = [
     "check_resume_script",
     "check_runs_equivalent",
     "check_train_mode",
+    "check_training",
     "load_state",
     "probe",
     "save_state",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Self
 
 import torch
@@ -23,6 +24,14 @@ def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor 
     if copy.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)) compare as dense values
         copy = copy.to_dense()
     return copy / scale if scale is not None else copy
+
+
+def l2_norm(tensors: Iterable[torch.Tensor]) -> float:
+    """The L2 norm of `tensors` taken together, as `clip_grad_norm_` computes it: each tensor's norm in its own dtype
+    (float64 for float64 tensors), combined in Python floats."""
+    dense = [tensor if tensor.layout == torch.strided else tensor.to_dense()
+             for tensor in (gathered(t).detach() for t in tensors)]
+    return math.sqrt(sum(float(norm) ** 2 for norm in torch._foreach_norm(dense))) if dense else 0.0
 
 
 def creates_state(optimizer: torch.optim.Optimizer) -> bool:

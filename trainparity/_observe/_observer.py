@@ -28,6 +28,7 @@ in-process observation holds a lock: two observed runs never overlap.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -45,6 +46,7 @@ from trainparity._observe._hooks import (
     HookSet,
     creates_state,
     grad_copy,
+    l2_norm,
     patch_functions,
     step_closure,
 )
@@ -371,14 +373,16 @@ class Observer(HookSet):
         names = [self.names.get(id(p), "<unnamed>") for p in parameters]
         grads: dict[str, torch.Tensor | None] = {}
         scales: set[float] = set()
+        squares = 0.0
         for name, parameter in zip(names, parameters, strict=True):
             if parameter.grad is not None:
                 scale = self._scale_of(self.owners.get(id(parameter)))
                 grads[name] = self.sample(parameter.grad, scale)
+                squares += (l2_norm([parameter.grad]) / (scale or 1.0)) ** 2
                 if scale is not None:
                     scales.add(scale)
         self._clip_records.append(grads)
-        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None))
+        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None, math.sqrt(squares)))
 
     # -- calls ---------------------------------------------------------------------------------------
 
