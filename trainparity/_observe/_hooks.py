@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import torch
@@ -26,12 +25,17 @@ def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor 
     return copy / scale if scale is not None else copy
 
 
-def l2_norm(tensors: Iterable[torch.Tensor]) -> float:
-    """The L2 norm of `tensors` taken together, as `clip_grad_norm_` computes it: each tensor's norm in its own dtype
-    (float64 for float64 tensors), combined in Python floats."""
-    dense = [tensor if tensor.layout == torch.strided else tensor.to_dense()
-             for tensor in (gathered(t).detach() for t in tensors)]
-    return math.sqrt(sum(float(norm) ** 2 for norm in torch._foreach_norm(dense))) if dense else 0.0
+def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """Each tensor's L2 norm, in its own dtype (float64 for float64 tensors), as clip_grad_norm_ computes them: one
+    fused reduction on the tensors' device. A DTensor is gathered, a sparse tensor densified."""
+    dense = []
+    for tensor in tensors:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):  # a DTensor, a tensor subclass
+            tensor = gathered(tensor)
+        if tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        dense.append(tensor.detach() if tensor.requires_grad else tensor)
+    return [float(norm) for norm in torch._foreach_norm(dense)] if dense else []
 
 
 def creates_state(optimizer: torch.optim.Optimizer) -> bool:

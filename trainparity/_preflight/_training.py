@@ -12,6 +12,7 @@ The verdicts (`_training_judge.py`) are judged in the parent.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from trainparity._compat import GradScaler
-from trainparity._observe._hooks import l2_norm
+from trainparity._observe._hooks import tensor_norms
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import CallRecord, Clip, StepEvent
 from trainparity._preflight._run import Call, Preflight, PreflightPayload, nonfinite, observed_calls, observed_recipe
@@ -48,80 +49,154 @@ class TrainingPayload(PreflightPayload):
 
 @dataclasses.dataclass
 class Measured:
-    """What the probe measured of one optimizer step, per parameter group."""
+    """What the probe measured of one optimizer step."""
 
+    #: per parameter group, as `Update` has them
     update_ratio: list[float | None]
     parameters: list[int]
     without_grad: list[int]
     frozen: list[int]
+    #: the optimizer's gradients after the step (unscaled): their norm together (None: none), those holding an inf or
+    #: a NaN, the one of the largest norm
+    grad_norm: float | None
+    nonfinite_grads: list[str]
+    largest_grad: str | None
+    #: the names of the optimizer's parameters
+    names: list[str]
+
+
+def _total(norms: Sequence[float]) -> float:
+    return math.sqrt(sum(norm * norm for norm in norms))
+
+
+def _nonfinite(named: Sequence[tuple[str, torch.Tensor]], norms: Sequence[float]) -> list[str]:
+    """The names whose tensor holds an inf or a NaN (a norm says so, but past 1e154 the elements decide)."""
+    if all(map(math.isfinite, norms)):
+        return []
+    return [name for (name, tensor), norm in zip(named, norms, strict=True) if not math.isfinite(norm)
+            and nonfinite(tensor)]
+
+
+@dataclasses.dataclass
+class _Held:
+    """An optimizer's parameters as the probe holds them from step to step."""
+
+    #: (id, shape, dtype) of each parameter, in param_groups order: while it holds, the copies are reused
+    key: list[tuple[int, torch.Size, torch.dtype]]
+    params: list[torch.Tensor]
+    names: list[str]
+    #: where each parameter group ends in `params`
+    ends: list[int]
+    #: copies of the parameters before the running step; None for sparse parameters (their update is not measured)
+    copies: list[torch.Tensor] | None
+    #: the copies' norms
+    sizes: list[float] = dataclasses.field(default_factory=list)
 
 
 class UpdateProbe:
-    """The parameters each optimizer step changed, and by how much: copies of the parameters before the step
-    (`before_step`), compared after it (`after_step`), during the observer's calls only."""
+    """What each optimizer step changed: copies of its parameters before the step (`before_step`), compared after
+    it (`after_step`) with the norms of the gradients it took, during the observer's calls only. A norm that is not
+    finite names the parameters holding an inf or a NaN: before a step (made so outside an optimizer step) or after
+    it."""
 
     def __init__(self) -> None:
         self.observer: Observer | None = None
-        self._before: dict[str, list[list[torch.Tensor]]] = {}
+        self._held: dict[str, _Held] = {}
+        #: optimizers whose running step began in a call
+        self._running: set[str] = set()
         self.measured: dict[str, list[Measured]] = {}
+        #: the parameters seen holding an inf or a NaN in the running call, by name
+        self.nonfinite: dict[str, None] = {}
 
     def start(self, observer: Observer) -> None:
         self.observer = observer
 
+    def _flag(self, held: _Held, params: Sequence[torch.Tensor], norms: Sequence[float]) -> None:
+        if all(map(math.isfinite, norms)):
+            return
+        for name, parameter, norm in zip(held.names, params, norms, strict=True):
+            if not math.isfinite(norm) and nonfinite(parameter):
+                self.nonfinite[name] = None
+
+    @torch.no_grad()
     def before_step(self, entry: str, optimizer: torch.optim.Optimizer) -> None:
         if self.observer is None or self.observer.call is None:
             return
-        self._before[entry] = [[p.detach().clone() for p in group["params"]] for group in optimizer.param_groups]
+        groups: list[list[torch.Tensor]] = [group["params"] for group in optimizer.param_groups]
+        params = [p for params in groups for p in params]
+        key = [(id(p), p.shape, p.dtype) for p in params]
+        held = self._held.get(entry)
+        if held is None or held.key != key:
+            names = [self.observer.names.get(id(p)) or f"{entry}.param{i}" for i, p in enumerate(params)]
+            ends = list(itertools.accumulate(len(params) for params in groups))
+            strided = all(p.layout == torch.strided for p in params)
+            held = self._held[entry] = _Held(key, params, names, ends, [p.clone() for p in params] if strided else None)
+        elif held.copies is not None:
+            torch._foreach_copy_(held.copies, params)  # into the copies of the last step: no allocation
+        held.sizes = tensor_norms(held.copies or [])  # while the copies are in the cache
+        self._running.add(entry)
 
+    @torch.no_grad()
     def after_step(self, entry: str, optimizer: torch.optim.Optimizer) -> None:
-        before = self._before.pop(entry, None)
-        if before is None:
+        if entry not in self._running or self.observer is None:
             return
-        measured = Measured([], [], [], [])
-        for group, old in zip(optimizer.param_groups, before, strict=False):
-            params: list[torch.Tensor] = group["params"]
-            size = l2_norm(old)
-            change = l2_norm(torch._foreach_sub([p.detach() for p in params], old)) if len(params) == len(old) else None
-            measured.update_ratio.append(change / size if change is not None and size > 0 else None)
-            measured.parameters.append(len(params))
-            measured.without_grad.append(sum(p.grad is None for p in params))
-            measured.frozen.append(sum(not p.requires_grad for p in params))
+        self._running.discard(entry)
+        held = self._held[entry]
+        params, copies = held.params, held.copies or []
+        # the gradients the step took (an optimizer does not change them), unscaled as the observer saw them
+        graded = [(name, p.grad) for name, p in zip(held.names, params, strict=True) if p.grad is not None]
+        sizes = held.sizes
+        if copies:
+            torch._foreach_sub_(copies, params)  # the update, negated (the copies are taken again at the next step)
+        norms = tensor_norms([*copies, *(grad for _, grad in graded)])
+        changes, grads = norms[:len(copies)], norms[len(copies):]
+        if copies:
+            self._flag(held, copies, sizes)  # a copy that is not finite: so was the parameter before the step
+            self._flag(held, params, changes)
+        event = self.observer.step_events[entry][-1]
+        if event.scaled and event.scale:
+            grads = [norm / event.scale for norm in grads]
+        largest = max(range(len(grads)), key=lambda i: (not math.isfinite(grads[i]), grads[i] if math.isfinite(
+            grads[i]) else 0.0)) if graded else None
+        without = [p.grad is None for p in params]
+        frozen = [not p.requires_grad for p in params]
+        measured = Measured([], [], [], [], _total(grads) if graded else None, _nonfinite(graded, grads),
+                            None if largest is None else graded[largest][0], held.names)
+        for start, end in zip([0, *held.ends], held.ends, strict=False):
+            size = _total(sizes[start:end])
+            measured.update_ratio.append(_total(changes[start:end]) / size if copies and size > 0 else None)
+            measured.parameters.append(end - start)
+            measured.without_grad.append(sum(without[start:end]))
+            measured.frozen.append(sum(frozen[start:end]))
         self.measured.setdefault(entry, []).append(measured)
 
+    def nonfinite_parameters(self) -> list[str]:
+        """The State's parameters holding an inf or a NaN now (all of them: its modules walked again)."""
+        assert self.observer is not None
+        named = [(name, parameter.detach()) for name, parameter in self.observer.parameters()]
+        return _nonfinite(named, tensor_norms([tensor for _, tensor in named]))
 
-def _norms(named: Sequence[tuple[str, torch.Tensor]]) -> tuple[float, list[str], str | None]:
-    """The L2 norm of the tensors taken together, those holding an inf or a NaN, and the one of the largest norm."""
-    if not named:
-        return 0.0, [], None
-    dense = [t if t.layout == torch.strided else t.to_dense() for _, t in named]
-    norms = [float(norm) for norm in torch._foreach_norm(dense)]
-    # a norm overflows only past 1e154: the elements say whether a tensor holds an inf or a NaN
-    bad = [name for (name, _), tensor, norm in zip(named, dense, norms, strict=True)
-           if not math.isfinite(norm) and nonfinite(tensor)]
-    largest = max(range(len(norms)), key=lambda i: (not math.isfinite(norms[i]), norms[i] if math.isfinite(
-        norms[i]) else 0.0))
-    return math.sqrt(sum(norm * norm for norm in norms)), bad, named[largest][0]
-
-
-def _nonfinite_parameters(observer: Observer) -> list[str]:
-    return _norms([(name, parameter.detach()) for name, parameter in observer.parameters()])[1]
+    def take_nonfinite(self, last: bool) -> list[str]:
+        """The parameters seen holding an inf or a NaN in the call that just ended; after the `last` call, every
+        parameter of the State is looked at."""
+        found = list(self.nonfinite) + (self.nonfinite_parameters() if last else [])
+        self.nonfinite = {}
+        return list(dict.fromkeys(found))
 
 
-def _clip_norm(clips: list[Clip], names: set[str]) -> float | None:
+def _clip_norm(clips: list[Clip], names: list[str]) -> float | None:
     """The norm before clipping of the first unused clip in the call that clipped these parameters (removed)."""
     for index, clip in enumerate(clips):
-        if names.intersection(clip.parameters):
+        if not set(names).isdisjoint(clip.parameters):
             return clips.pop(index).norm
     return None
 
 
-def _update(entry: str, event: StepEvent, measured: Measured, scale: float | None, skipped: bool,
-            clips: list[Clip]) -> Update:
-    grads = [(name, grad) for name, grad in event.grads.items() if grad is not None]
-    norm, bad, largest = _norms(grads)
-    return Update(entry, skipped, scale, norm if grads else None, _clip_norm(clips, set(event.grads)), bad,
-                  event.lr, measured.update_ratio, measured.parameters, measured.without_grad, measured.frozen,
-                  largest if grads else None)
+def _update(entry: str, event: StepEvent, measured: Measured, scale: float | None, clips: list[Clip]) -> Update:
+    # an optimizer that unscales in its own step (fused) takes non-finite gradients and skips the update
+    return Update(entry, scale is not None and bool(measured.nonfinite_grads), scale, measured.grad_norm,
+                  _clip_norm(clips, measured.names), measured.nonfinite_grads, event.lr, measured.update_ratio,
+                  measured.parameters, measured.without_grad, measured.frozen, measured.largest_grad)
 
 
 def _training_step(call: Call, events: dict[str, list[StepEvent]], measured: dict[str, list[Measured]],
@@ -135,10 +210,7 @@ def _training_step(call: Call, events: dict[str, list[StepEvent]], measured: dic
     updates = []
     for entry, event, measure in steps:
         scaler_step = inside.get(event.order)
-        update = _update(entry, event, measure, scaler_step.scale if scaler_step else None, False, clips)
-        # an optimizer that unscales in its own step (fused) takes non-finite gradients and skips the update
-        update.skipped = scaler_step is not None and bool(update.nonfinite_grads)
-        updates.append(update)
+        updates.append(_update(entry, event, measure, scaler_step.scale if scaler_step else None, clips))
     for skipped in (s for s in record.scaler_steps if s.order is None):
         updates.append(Update(skipped.optimizer, True, skipped.scale, None, None, [], [], [], [], [], [], None))
     return TrainingStep(call.number, record.loss, updates, nonfinite_params)
@@ -148,16 +220,16 @@ def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> dict[str, A
     """Task: `steps` observed calls of `step()`, each recorded as numbers."""
     probe = UpdateProbe()
     with observed_recipe(payload, record_contributions=False, before_step=probe.before_step,
-                         after_step=probe.after_step) as (recipe, observer):
+                         after_step=probe.after_step, record_grads=False) as (recipe, observer):
         probe.start(observer)
         scaler = next((entry for entry, value in state_objects(observer.state, GradScaler)
                        if value is observer.scaler), None)
         trace = TrainingTrace({entry: len(optimizer.param_groups) for entry, optimizer in observer.optimizers.items()},
-                              scaler, _nonfinite_parameters(observer), [])
+                              scaler, probe.nonfinite_parameters(), [])
         for call in observed_calls(recipe, observer, payload.steps, repeat_first=payload.overfit):
             measured, probe.measured = probe.measured, {}
             trace.steps.append(_training_step(call, observer.take_step_events(), measured,
-                                              _nonfinite_parameters(observer)))
+                                              probe.take_nonfinite(last=call.number == payload.steps)))
     return trace.to_wire()
 
 

@@ -55,7 +55,9 @@ class TrainingStep:
     nonfinite_params: list[str]
 
     def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # by hand: dataclasses.asdict's deep copies cost a tenth of a small model's training step
+        return {"step": self.step, "loss": self.loss, "updates": [dict(vars(update)) for update in self.updates],
+                "nonfinite_params": self.nonfinite_params}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> TrainingStep:
