@@ -16,6 +16,7 @@ CONTRACT_NAMES = {
     "assert_resume_equivalent", "assert_accumulation_equivalent", "assert_coverage", "assert_data_parallel_equivalent",
     "check_optimizer_coverage", "check_mixed_precision", "assert_optimizer_coverage", "assert_mixed_precision_safe",
     "check_frozen", "assert_frozen", "FrozenResult", "check_train_mode", "assert_train_mode", "TrainModeResult",
+    "check_training", "TrainingResult", "assert_overfits_one_batch", "assert_loss_decreases", "assert_training_healthy",
 }
 
 
@@ -44,4 +45,7 @@ def test_outcomes_and_mixin() -> None:
     assert issubclass(tp.TestCase, tp.TrainParityMixin)
     assert callable(tp.TrainParityMixin.assertFrozen) and callable(tp.TrainParityMixin.assertTrainMode)
     assert issubclass(tp.FrozenResult, tp.Result) and issubclass(tp.TrainModeResult, tp.Result)
+    for method in ("assertOverfitsOneBatch", "assertLossDecreases", "assertTrainingHealthy"):
+        assert callable(getattr(tp.TrainParityMixin, method)), method
+    assert issubclass(tp.TrainingResult, tp.Result) and callable(tp.TrainingResult.table)
     assert tp.Violation("k", "p", "m").worker is None

@@ -18,7 +18,7 @@ from typing import Any, TypeAlias
 
 from trainparity._preflight._run import finite_number, once_per_path, steps_text
 from trainparity._results._result import TrainingResult
-from trainparity._results._telemetry import TrainingStep, Update, number
+from trainparity._results._telemetry import TrainingStep, Update, number, scale_text
 from trainparity._results._violation import JsonValue, Outcome, Violation, json_safe
 
 #: (low, high) bounds of ||update|| / ||parameters||; None leaves a side open
@@ -268,10 +268,11 @@ class _Judge:
             shift = self.shift(update.optimizer)
             how = {1: (" At every optimizer step the learning rate is the schedule's for the next one: the scheduler "
                        "runs one step ahead, as when scheduler.step() is called before optimizer.step() (or once "
-                       "more before training starts); call it after optimizer.step()."),
+                       "more before training starts); call it after optimizer.step(). (Or lr_schedule counts "
+                       "optimizer steps from 1: its index 0 is the first.)"),
                    -1: (" At every optimizer step the learning rate is the schedule's for the one before: the "
-                        "scheduler runs one step behind (or the schedule counts from 1: its index 0 is the first "
-                        "optimizer step)."),
+                        "scheduler runs one step behind, as when it was stepped once less than the optimizer "
+                        "before training (its first step() skipped)."),
                    None: ""}[shift]
             rows = self.rates[update.optimizer][:6]
             shown = ", ".join(number(rates[group]) for _, rates in rows)
@@ -313,7 +314,7 @@ class _Judge:
         assert allowed is not None
         taken = sum(1 for s in self.trace.steps for u in s.updates if not u.skipped and u.scale is not None)
         steps = [at for at, _ in self.skips]
-        scales = ", ".join(f"{number(u.scale)} (step {at})" for at, u in self.skips[:6]) + (
+        scales = ", ".join(f"{scale_text(u.scale)} (step {at})" for at, u in self.skips[:6]) + (
             ", ..." if len(self.skips) > 6 else "")
         return Violation(
             "skipped_updates", f"{self.trace.scaler}.scale",

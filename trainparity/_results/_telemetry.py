@@ -74,6 +74,11 @@ def number(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def scale_text(value: float | None) -> str:
+    """A loss scale: a power of two, shown whole."""
+    return str(int(value)) if value is not None and value.is_integer() and abs(value) < 2.0**63 else number(value)
+
+
 def _numbers(values: list[float] | list[float | None]) -> str:
     return ", ".join(number(value) for value in values)
 
@@ -90,7 +95,7 @@ def _gradient(update: Update) -> str:
 def _note(update: Update) -> str:
     notes = []
     if update.skipped:
-        notes.append(f"skipped by the GradScaler (scale {number(update.scale)})")
+        notes.append(f"skipped by the GradScaler (scale {scale_text(update.scale)})")
     if update.nonfinite_grads:
         shown = ", ".join(update.nonfinite_grads[:3]) + (", ..." if len(update.nonfinite_grads) > 3 else "")
         notes.append(f"non-finite gradients: {shown}")
