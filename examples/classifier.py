@@ -108,7 +108,7 @@ class Classifier(tp.Recipe):
             logits = state.model(features)
         if self.fault == "detached_loss":  # the bug: detached for the metric below, then used for the loss too
             logits = logits.detach()
-        loss = state.criterion(logits, labels)
+        loss: torch.Tensor = state.criterion(logits, labels)
         state.accuracy = float((logits.argmax(dim=1) == labels).float().mean())
         state.optimizer.zero_grad()
         state.scaler.scale(loss).backward()

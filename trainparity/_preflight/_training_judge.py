@@ -219,6 +219,8 @@ class _Judge:
         self.largest_ratio: tuple[float, int] | None = None
         self.skipped_so_far = 0
         self.shifts: dict[str, int | None] = {}
+        #: optimizer entry -> the steps whose learning rate is 0 as lr_schedule declares (their update is not judged)
+        self.resting: dict[str, list[int]] = {}
 
     # -- the learning rate ----------------------------------------------------------------------------------
 
@@ -288,12 +290,16 @@ class _Judge:
 
     # -- one call of step() ---------------------------------------------------------------------------------
 
-    def update_ratio(self, step: int, update: Update) -> list[Violation]:
+    def update_ratio(self, step: int, update: Update, index: int) -> list[Violation]:
         assert self.verdicts.update_ratio is not None
         low, high = self.verdicts.update_ratio
+        declared = self.expected(update.optimizer, index, len(update.lr))
         found = []
         for group, ratio in enumerate(update.update_ratio):
             if ratio is None or not math.isfinite(ratio):
+                continue
+            if declared is not None and declared[group] == 0 and update.lr[group] == 0:
+                self.resting.setdefault(update.optimizer, []).append(step)  # a warmup from 0: as declared
                 continue
             path = f"{update.optimizer}.param_groups.{group}.update_ratio"
             what = (f"The update of {_group(update, group)} at step {step} is {number(ratio)} times its parameters' "
@@ -368,7 +374,7 @@ class _Judge:
             if verdicts.lr_schedule is not None:
                 found += self.lr_mismatch(n, update, index)
             if verdicts.update_ratio is not None:
-                found += self.update_ratio(n, update)
+                found += self.update_ratio(n, update, index)
         if step.nonfinite_params:
             names = step.nonfinite_params
             found.append(Violation("nonfinite", f"parameters.{names[0]}", f"After step {n}, {len(names)} "
@@ -465,8 +471,10 @@ class _Judge:
             shown = steps_text([at for at, _ in self.skips][:10]) + (", ..." if len(self.skips) > 10 else "")
             self.notes.append(f"GradScaler '{self.trace.scaler}' skipped {len(self.skips)} optimizer steps ({shown}): "
                               "not judged (max_skipped_steps=None).")
-        if verdicts.max_skipped_steps is not None and self.trace.scaler is None:
-            self.notes.append("The State holds no enabled GradScaler: no optimizer step can be skipped.")
+        for optimizer, steps in self.resting.items():
+            shown = steps_text(list(dict.fromkeys(steps)))
+            self.notes.append(f"The update ratio of optimizer '{optimizer}' was not judged at {shown}: lr_schedule "
+                              "declares a learning rate of 0 there.")
         for optimizer, indices in self.beyond.items():
             self.notes.append(f"lr_schedule holds fewer learning rates than optimizer '{optimizer}' took steps: its "
                               f"optimizer steps {indices[0] + 1}-{indices[-1] + 1} were not judged.")
