@@ -35,7 +35,13 @@ def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[float]:
         if tensor.layout != torch.strided:
             tensor = tensor.to_dense()
         dense.append(tensor.detach() if tensor.requires_grad else tensor)
-    return [float(norm) for norm in torch._foreach_norm(dense)] if dense else []
+    if not dense:
+        return []
+    norms = torch._foreach_norm(dense)
+    if len({(norm.dtype, norm.device) for norm in norms}) == 1:  # one copy out, not one per tensor
+        values: list[float] = torch.stack(norms).tolist()
+        return values
+    return [float(norm) for norm in norms]
 
 
 def creates_state(optimizer: torch.optim.Optimizer) -> bool:

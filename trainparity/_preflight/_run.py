@@ -64,7 +64,7 @@ class Preflight:
 
     def run(self, task: str, decode: Callable[[dict[str, Any]], T]) -> JobOutcome:
         """Run `task` on the payload; the outcome's output is the decoded trace, or its error."""
-        job = Job(task, self.payload, "training", decode=decode)
+        job = Job(task, self.payload, "training", decode=decode, workdir=False)  # no preflight task writes files
         return run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
 
 

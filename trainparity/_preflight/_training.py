@@ -65,8 +65,27 @@ class Measured:
     names: list[str]
 
 
-def _total(norms: Sequence[float]) -> float:
-    return math.sqrt(sum(norm * norm for norm in norms))
+def _total(norms: Sequence[float], weights: Sequence[float] | None = None) -> float:
+    """The norm of tensors taken together, from theirs; `weights` scale each one's square (a sample's)."""
+    if weights is None:
+        return math.sqrt(sum(norm * norm for norm in norms))
+    return math.sqrt(sum(weight * norm * norm for norm, weight in zip(norms, weights, strict=True)))
+
+
+def _stride(parameter: torch.Tensor) -> int:
+    """Which blocks of a parameter its sample takes: every `stride`-th (1: all of the parameter)."""
+    if parameter.numel() <= UPDATE_SAMPLE or not parameter.is_contiguous():
+        return 1
+    return max(1, parameter.numel() // SAMPLE_BLOCK // (UPDATE_SAMPLE // SAMPLE_BLOCK))
+
+
+def _sampled(parameter: torch.Tensor, stride: int) -> torch.Tensor:
+    """Every `stride`-th block of `SAMPLE_BLOCK` contiguous elements of a parameter, as a view (contiguous runs: a
+    sample costs its size in memory traffic, where every k-th element would read every cache line)."""
+    if stride == 1:
+        return parameter
+    flat = parameter.view(-1)
+    return flat[:flat.numel() // SAMPLE_BLOCK * SAMPLE_BLOCK].view(-1, SAMPLE_BLOCK)[::stride]
 
 
 def _nonfinite(named: Sequence[tuple[str, torch.Tensor]], norms: Sequence[float]) -> list[str]:
@@ -77,27 +96,38 @@ def _nonfinite(named: Sequence[tuple[str, torch.Tensor]], norms: Sequence[float]
             and nonfinite(tensor)]
 
 
+#: a parameter's update is measured on a sample of about this many of its elements, in blocks of SAMPLE_BLOCK spread
+#: over it (all of a smaller one): the ratio ||update|| / ||parameters|| of a large tensor is its sample's, at a
+#: fraction of the copies' cost
+UPDATE_SAMPLE, SAMPLE_BLOCK = 1 << 14, 1 << 10
+
+
 @dataclasses.dataclass
 class _Held:
     """An optimizer's parameters as the probe holds them from step to step."""
 
-    #: (id, shape, dtype) of each parameter, in param_groups order: while it holds, the copies are reused
-    key: list[tuple[int, torch.Size, torch.dtype]]
+    #: (id, storage, shape, dtype) of each parameter, in param_groups order: while it holds, the samples' views and
+    #: copies are reused
+    key: list[tuple[int, int, torch.Size, torch.dtype]]
     params: list[torch.Tensor]
     names: list[str]
     #: where each parameter group ends in `params`
     ends: list[int]
-    #: copies of the parameters before the running step; None for sparse parameters (their update is not measured)
+    #: per parameter, its sample (a view; the parameter itself when small), and how many elements each sampled one
+    #: stands for
+    samples: list[torch.Tensor]
+    weights: list[float]
+    #: copies of the parameters' samples before the running step; None for sparse parameters (not measured)
     copies: list[torch.Tensor] | None
     #: the copies' norms
     sizes: list[float] = dataclasses.field(default_factory=list)
 
 
 class UpdateProbe:
-    """What each optimizer step changed: copies of its parameters before the step (`before_step`), compared after
-    it (`after_step`) with the norms of the gradients it took, during the observer's calls only. A norm that is not
-    finite names the parameters holding an inf or a NaN: before a step (made so outside an optimizer step) or after
-    it."""
+    """What each optimizer step changed: copies of its parameters (or of a sample of each, `UPDATE_SAMPLE`) before the
+    step (`before_step`), compared after it (`after_step`) with the norms of the gradients it took, during the
+    observer's calls only. A norm that is not finite names the parameters holding an inf or a NaN: before a step
+    (made so outside an optimizer step) or after it."""
 
     def __init__(self) -> None:
         self.observer: Observer | None = None
@@ -124,15 +154,18 @@ class UpdateProbe:
             return
         groups: list[list[torch.Tensor]] = [group["params"] for group in optimizer.param_groups]
         params = [p for params in groups for p in params]
-        key = [(id(p), p.shape, p.dtype) for p in params]
+        strided = all(p.layout == torch.strided for p in params)
+        key = [(id(p), p.data_ptr() if strided else 0, p.shape, p.dtype) for p in params]
         held = self._held.get(entry)
         if held is None or held.key != key:
             names = [self.observer.names.get(id(p)) or f"{entry}.param{i}" for i, p in enumerate(params)]
             ends = list(itertools.accumulate(len(params) for params in groups))
-            strided = all(p.layout == torch.strided for p in params)
-            held = self._held[entry] = _Held(key, params, names, ends, [p.clone() for p in params] if strided else None)
-        elif held.copies is not None:
-            torch._foreach_copy_(held.copies, params)  # into the copies of the last step: no allocation
+            samples = [_sampled(p.detach(), _stride(p)) for p in params] if strided else []
+            weights = [p.numel() / max(1, sample.numel()) for p, sample in zip(params, samples, strict=False)]
+            held = self._held[entry] = _Held(key, params, names, ends, samples, weights,
+                                             [sample.clone() for sample in samples] if strided else None)
+        elif held.copies is not None:  # into the copies of the last step: no allocation
+            torch._foreach_copy_(held.copies, held.samples)
         held.sizes = tensor_norms(held.copies or [])  # while the copies are in the cache
         self._running.add(entry)
 
@@ -146,8 +179,8 @@ class UpdateProbe:
         # the gradients the step took (an optimizer does not change them), unscaled as the observer saw them
         graded = [(name, p.grad) for name, p in zip(held.names, params, strict=True) if p.grad is not None]
         sizes = held.sizes
-        if copies:
-            torch._foreach_sub_(copies, params)  # the update, negated (the copies are taken again at the next step)
+        if copies:  # the update, negated (the copies are taken again at the next step)
+            torch._foreach_sub_(copies, held.samples)
         norms = tensor_norms([*copies, *(grad for _, grad in graded)])
         changes, grads = norms[:len(copies)], norms[len(copies):]
         if copies:
@@ -163,8 +196,9 @@ class UpdateProbe:
         measured = Measured([], [], [], [], _total(grads) if graded else None, _nonfinite(graded, grads),
                             None if largest is None else graded[largest][0], held.names)
         for start, end in zip([0, *held.ends], held.ends, strict=False):
-            size = _total(sizes[start:end])
-            measured.update_ratio.append(_total(changes[start:end]) / size if copies and size > 0 else None)
+            weights = held.weights[start:end]
+            size = _total(sizes[start:end], weights)
+            measured.update_ratio.append(_total(changes[start:end], weights) / size if copies and size > 0 else None)
             measured.parameters.append(end - start)
             measured.without_grad.append(sum(without[start:end]))
             measured.frozen.append(sum(frozen[start:end]))
