@@ -12,8 +12,12 @@ from typing import Any
 import pytest
 import training_recipes as recipes
 
+import torch
+
 import trainparity as tp
 from trainparity._preflight._training_judge import DEFAULT_BAND
+from trainparity._recipe._recipe import batch_iterator
+from trainparity._state._rng import seed_everything
 
 # The faulted recipes step their scheduler before their optimizer on purpose; torch warns about it.
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
@@ -39,6 +43,22 @@ def test_the_clean_loop_passes_every_verdict_and_records_each_step() -> None:
     assert all(ratio is not None and 1e-3 < ratio < 0.1 for ratio in update.update_ratio)
     assert update.grad_norm is not None and update.clip_norm == pytest.approx(update.grad_norm)  # below max_norm
     assert result.config["window"] == 3 and result.config["update_ratio"] == list(DEFAULT_BAND)
+
+
+def test_the_update_of_a_large_parameter_is_measured_on_a_sample_that_reads_like_the_whole() -> None:
+    recipe = recipes.Wide()
+    result = tp.check_training(recipe, steps=3)
+    seed_everything(0)
+    state = recipe.setup()
+    with batch_iterator(recipe, state) as batches:
+        for step in result.telemetry:
+            before = [p.detach().clone() for p in state.model.parameters()]
+            recipe.step(state, next(batches))
+            change = torch.stack([(p.detach() - b).norm() for p, b in zip(state.model.parameters(), before)]).norm()
+            exact = float(change / torch.stack([b.norm() for b in before]).norm())
+            assert step.updates[0].update_ratio[0] == pytest.approx(exact, rel=0.03), step.step
+            assert step.updates[0].grad_norm == pytest.approx(
+                float(torch.stack([p.grad.norm() for p in state.model.parameters()]).norm()), rel=1e-12)
 
 
 def test_the_gradient_norm_before_and_after_clipping() -> None:

@@ -201,3 +201,19 @@ class ReturnsNothing(Fit):
     def step(self, state: tp.State, batch: Batch) -> Any:
         super().step(state, batch)
         return None
+
+
+class Wide(Fit):
+    """A layer of 32 Ki weights, whose update the check measures on a sample."""
+
+    def setup(self) -> tp.State:
+        model = nn.Sequential(nn.Linear(8, 256), nn.Tanh(), nn.Linear(256, 128), nn.Tanh(), nn.Linear(128, 2)).double()
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=LR), position=0)
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        features, targets = batch
+        loss = nn.functional.mse_loss(state.model(features), targets)
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        state.optimizer.step()
+        return loss.detach()
