@@ -1,13 +1,13 @@
 """`check_training`: one observed run of the recipe, recorded per call of `step()`, and the verdicts asked for.
 
-The run goes through the one observer of optimizer steps: its step events give each optimizer step's gradients
-(unscaled while an enabled GradScaler still scales them) and learning rates, its `scaler.step()` records the steps
-the GradScaler skipped, its clip records the gradient norm before clipping. An `UpdateProbe`, called by the observer
-around each optimizer step (`before_step`/`after_step`), measures what the step changed: ||update|| / ||parameters||
-per parameter group. Per call the trace keeps numbers only (`_results/_telemetry.py: TrainingStep`); the gradients
-the observer copied are dropped after each call. With `overfit=True` every call gets the recipe's first batch again.
-The verdicts (`_training_judge.py`) are judged in the parent.
-"""
+The run goes through the one observer of optimizer steps (without its copies of the gradients, `record_grads=False`):
+its step events give each optimizer step's learning rates and whether an enabled GradScaler still scaled its
+gradients, its `scaler.step()` records the steps the GradScaler skipped, its clip records the gradient norm before
+clipping. An `UpdateProbe`, called by the observer around each optimizer step (`before_step`/`after_step`), measures
+what the step changed (||update|| / ||parameters|| per parameter group, on a sample of a large parameter) and the
+norms of the gradients it took. Per call the trace keeps numbers only (`_results/_telemetry.py: TrainingStep`). With
+`overfit=True` every call gets the recipe's first batch again. The verdicts (`_training_judge.py`) are judged in the
+parent."""
 
 from __future__ import annotations
 
