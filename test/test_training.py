@@ -10,9 +10,8 @@ import warnings
 from typing import Any
 
 import pytest
-import training_recipes as recipes
-
 import torch
+import training_recipes as recipes
 
 import trainparity as tp
 from trainparity._preflight._training_judge import DEFAULT_BAND
@@ -54,7 +53,8 @@ def test_the_update_of_a_large_parameter_is_measured_on_a_sample_that_reads_like
         for step in result.telemetry:
             before = [p.detach().clone() for p in state.model.parameters()]
             recipe.step(state, next(batches))
-            change = torch.stack([(p.detach() - b).norm() for p, b in zip(state.model.parameters(), before)]).norm()
+            changes = [(p.detach() - b).norm() for p, b in zip(state.model.parameters(), before, strict=True)]
+            change = torch.stack(changes).norm()
             exact = float(change / torch.stack([b.norm() for b in before]).norm())
             assert step.updates[0].update_ratio[0] == pytest.approx(exact, rel=0.03), step.step
             assert step.updates[0].grad_norm == pytest.approx(
