@@ -110,7 +110,7 @@ def test_help_lists_exit_codes_and_explains_every_option() -> None:
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert set(commands.choices) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
                                      "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode",
-                                     "worker-randomness"}
+                                     "worker-randomness", "training"}
     for name, command in [("python -m trainparity", parser), *commands.choices.items()]:
         text = command.format_help()
         for status, outcome in [(0, "PASS"), (1, "FAIL"), (2, "ABSTAIN"), (3, "ERROR"), (4, "usage error")]:
@@ -266,3 +266,33 @@ def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Pa
                    "--json", str(target))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(target.read_text())["config"]["allow_float32"] == ["head"]
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")  # the fault's order, on purpose
+def test_training_command_prints_the_report_then_the_table(tmp_path: pathlib.Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "result.json"
+    assert main(["training", "training_recipes:Fit('scheduler_before_optimizer')", "--steps", "3",
+                 "--lr-schedule", "training_recipes:learning_rate", "--update-ratio", "default",
+                 "--max-grad-norm", "50", "--json", str(target)]) == 1
+    out = capsys.readouterr().out
+    report, _, table = out.partition("\nstep  loss")
+    assert report.startswith("trainparity training check: FAIL at optimizer.param_groups.0.lr (lr_mismatch, step 1)")
+    assert len(table.strip().splitlines()) == 4  # the header's rest, then 3 steps
+    document = json.loads(target.read_text())
+    assert document["config"]["update_ratio"] == [1e-05, 0.1] and len(document["telemetry"]) == 3
+    assert main(["training", "training_recipes:Fit", "--steps", "3", "--lr-schedule", "0.0033333333333333335,"
+                 "0.006666666666666667,0.01", "--max-skipped-steps", "0"]) == 0
+    assert main(["training", "training_recipes:Fit", "--steps", "12", "--min-decrease", "0.1", "--window", "2"]) == 0
+    assert main(["training", "training_recipes:Fit('lr_zero')", "--steps", "10", "--overfit"]) == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--update-ratio", "0.1"], "expected LOW,HIGH such as 1e-4,1e-2, or default"),
+    (["--lr-schedule", "fast"], "--lr-schedule: expected comma-separated learning rates"),
+    (["--lr-schedule", "training_recipes:LR"], "--lr-schedule 'training_recipes:LR' is not a function"),
+    (["--window", "3"], "window= sizes the windows min_decrease= compares"),
+])
+def test_training_command_usage_errors(argv: list[str], message: str) -> None:
+    done = run_cli("training", "training_recipes:Fit", *argv)
+    assert done.returncode == 4 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr

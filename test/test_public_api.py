@@ -17,6 +17,7 @@ CONTRACT_NAMES = {
     "check_optimizer_coverage", "check_mixed_precision", "assert_optimizer_coverage", "assert_mixed_precision_safe",
     "check_frozen", "assert_frozen", "FrozenResult", "check_train_mode", "assert_train_mode", "TrainModeResult",
     "check_worker_randomness", "assert_worker_randomness", "WorkerRandomnessResult",
+    "check_training", "TrainingResult", "assert_overfits_one_batch", "assert_loss_decreases", "assert_training_healthy",
 }
 
 
@@ -48,4 +49,7 @@ def test_outcomes_and_mixin() -> None:
     assert callable(tp.TrainParityMixin.assertWorkerRandomness)
     assert issubclass(tp.WorkerRandomnessResult, tp.Result) and tp.WorkerRandomnessResult.check == "worker_randomness"
     assert tp.Recipe.autocast_dtype is None  # a recipe declares the dtype it means to train in
+    for method in ("assertOverfitsOneBatch", "assertLossDecreases", "assertTrainingHealthy"):
+        assert callable(getattr(tp.TrainParityMixin, method)), method
+    assert issubclass(tp.TrainingResult, tp.Result) and callable(tp.TrainingResult.table)
     assert tp.Violation("k", "p", "m").worker is None

@@ -81,11 +81,13 @@ CHECKS: dict[str, Callable[[tp.Recipe, str, float], tp.Result]] = {
     "frozen": lambda recipe, isolation, timeout: tp.check_frozen(recipe, steps=2, isolation=isolation, timeout=timeout),
     "train_mode": lambda recipe, isolation, timeout: tp.check_train_mode(
         recipe, steps=2, isolation=isolation, timeout=timeout),
+    "training": lambda recipe, isolation, timeout: tp.check_training(
+        recipe, steps=2, overfit=True, isolation=isolation, timeout=timeout),
 }
 #: each check's own isolation, and the phases of a run it reaches
 DEFAULTS = {"resume": "process", "accumulation": "inprocess", "data_parallel": "process",
             "optimizer_coverage": "inprocess", "mixed_precision": "inprocess", "frozen": "inprocess",
-            "train_mode": "inprocess"}
+            "train_mode": "inprocess", "training": "inprocess"}
 PHASES = {
     "resume": ("setup", "batches", "step", "sample_ids", "save", "load"),
     "accumulation": ("setup", "batches", "step"),
@@ -94,6 +96,7 @@ PHASES = {
     "mixed_precision": ("setup", "batches", "step"),
     "frozen": ("setup", "batches", "step"),
     "train_mode": ("setup", "batches", "step"),
+    "training": ("setup", "batches", "step"),
 }
 
 

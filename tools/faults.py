@@ -61,6 +61,7 @@ CHECK_PHASES = {
     "mixed precision": ("setup", "batches", "step"),
     "frozen": ("setup", "batches", "step"),
     "train mode": ("setup", "batches", "step"),
+    "training": ("setup", "batches", "step"),
 }
 #: the faults a check in this process can meet and go on (the others end the process itself)
 INPROCESS_FAULTS = ("raise", "hang", "huge_message", "escape_codes")
@@ -187,6 +188,8 @@ def _checker(check: str, isolation: str, phase: str, fault: str, timeout: float)
             return tp.check_frozen(recipe, steps=2, isolation=isolation, timeout=timeout)
         if check == "train mode":
             return tp.check_train_mode(recipe, steps=2, isolation=isolation, timeout=timeout)
+        if check == "training":
+            return tp.check_training(recipe, steps=2, isolation=isolation, timeout=timeout)
         return tp.check_data_parallel(recipe, world_size=2, steps=2, isolation=isolation, timeout=timeout)
 
     return call

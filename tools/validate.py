@@ -4,12 +4,12 @@ Runs the clean controls and the deliberate faults of the realistic examples in `
 through the resume, accumulation and coverage checks, (surface "parallel") through the resume
 and data-parallel checks on real gloo ranks, (surfaces "frozen" and "train-mode") through the
 frozen, optimizer coverage and train-mode checks, (surface "autocast") through the mixed-precision
-check's autocast coverage and (surface "workers") through the worker randomness check, and
-compares each outcome and first violation (path and cause) with what the fault declares.
-Prints one table per surface; with `--write FILE`, also writes the tables, the exact command
-and the versions that produced them. Exits 1 when a clean control does not pass or a fault is
-missed, 0 otherwise (the
-StatefulDataLoader cases are skipped, and said to be, when torchdata is not installed).
+check's autocast coverage, (surface "workers") through the worker randomness check and (surface
+"training") through the verdicts of check_training, and compares each outcome and first violation
+(path and cause) with what the fault declares. Prints one table per surface; with `--write FILE`,
+also writes the tables, the exact command and the versions that produced them. Exits 1 when a
+clean control does not pass or a fault is missed, 0 otherwise (the StatefulDataLoader cases are
+skipped, and said to be, when torchdata is not installed).
 
 The faults are constructor arguments of the examples' recipes and pipelines (`fault="..."`),
 each modelled on a bug that real training code has had; this file only declares what each
@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "examples"))  # the examples are modules the check
 import augment  # noqa: E402
 import autocast_lm  # noqa: E402
 import charlm  # noqa: E402
+import classifier  # noqa: E402
 import cnn  # noqa: E402
 import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
@@ -57,7 +58,8 @@ warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\
 # The autocast fault that asks for CUDA on a CPU model: torch warns that it turns the region off.
 warnings.filterwarnings("ignore", message="CUDA is not available")
 
-SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode", "autocast", "workers")
+SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode", "autocast", "workers",
+            "training")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
 #: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
 ACCUMULATION = {"microbatches": 4, "cycles": 2}
@@ -178,6 +180,24 @@ def autocast(fault: str | None = None, **allowed: Any) -> Callable[[], tp.Result
 def workers(stream: bool = False, fault: str | None = None) -> Callable[[], tp.Result]:
     """The augmentation pipeline's workers over 2 epochs: the map-style loader, or the streaming one."""
     return lambda: tp.check_worker_randomness((augment.stream_loader if stream else augment.loader)(fault), epochs=2)
+
+
+#: check_training's verdicts as a test suite asks for them, on examples/classifier.py
+TRAINING: dict[str, dict[str, Any]] = {
+    "loss decreases": {"steps": 20, "min_decrease": 0.1},
+    "overfits one batch": {"steps": 100, "overfit": True},
+    "healthy": {"steps": 20, "max_grad_norm": 10.0, "update_ratio": True, "max_skipped_steps": 0},
+    "schedule": {"steps": 20, "lr_schedule": classifier.learning_rate},
+    "overfits one batch, schedule": {"steps": 100, "overfit": True, "lr_schedule": classifier.learning_rate},
+}
+
+
+def training(verdicts: str, fault: str | None = None) -> Callable[[], tp.Result]:
+    return lambda: tp.check_training(classifier.Classifier(fault), **TRAINING[verdicts])
+
+
+def training_case(verdicts: str, fault: str | None, models: str, expect: Expect | None = None) -> Case:
+    return Case("training", "classifier", f"{fault or 'clean'} ({verdicts})", models, training(verdicts, fault), expect)
 
 
 def restored(path: str) -> Expect:
@@ -357,6 +377,36 @@ CASES = [
     Case("workers", "augment", "persistent_epoch_seed", "persistent workers never see set_epoch: epochs repeat",
          workers(stream=True, fault="persistent_epoch_seed"),
          Expect("dataset.rng", "epoch_rng_repeated", fields=(("epoch", 1),))),
+    # -- training: the loss goes down, one batch is overfit, the updates are healthy ----------------------------
+    *(training_case(verdicts, None, "MLP, learned temperature, AdamW, warmup-cosine, float16 GradScaler, clipping")
+      for verdicts in TRAINING),
+    training_case("loss decreases", "lr_zero", "the linear scaling rule with integer division: lr 0",
+                  Expect("loss", "loss_not_decreasing", fields=(("step", 20),))),
+    training_case("overfits one batch", "lr_zero", "the same",
+                  Expect("loss", "not_overfitting", fields=(("step", 100),))),
+    training_case("healthy", "lr_zero", "the same", Expect("optimizer.param_groups.0.update_ratio", "update_too_small",
+                                                          fields=(("step", 1),))),
+    training_case("overfits one batch", "detached_loss", "the logits detached for the metric, then used for the loss",
+                  Expect("loss", "not_overfitting", fields=(("step", 100),))),
+    training_case("healthy", "detached_loss", "the same", Expect("optimizer.param_groups.0.update_ratio",
+                                                                "update_too_small", fields=(("step", 1),))),
+    training_case("overfits one batch", "frozen_model", "model.requires_grad_(False) left by an embedding extraction",
+                  Expect("loss", "not_overfitting", fields=(("step", 100),))),
+    training_case("healthy", "frozen_model", "the same", Expect("optimizer.param_groups.0.update_ratio",
+                                                               "update_too_small", fields=(("step", 1),))),
+    # the step at which float16 overflows into a NaN loss is the kernels' to decide
+    training_case("overfits one batch", "lr_too_high", "5 where 5e-3 was meant: the loss diverges to NaN",
+                  Expect("loss", "nonfinite")),
+    training_case("healthy", "lr_too_high", "the same", Expect("optimizer.param_groups.0.update_ratio",
+                                                              "update_too_large", fields=(("step", 1),))),
+    training_case("overfits one batch", "static_loss_scale", "scaler.update(2.0**24): every float16 step overflows",
+                  Expect("loss", "not_overfitting", fields=(("step", 100),))),
+    training_case("healthy", "static_loss_scale", "the same", Expect("scaler.scale", "skipped_updates",
+                                                                    fields=(("step", 1),))),
+    training_case("schedule", "scheduler_before_optimizer", "scheduler.step() before scaler.step(optimizer)",
+                  Expect("optimizer.param_groups.0.lr", "lr_mismatch", fields=(("step", 1),))),
+    training_case("overfits one batch, schedule", "scheduler_before_optimizer", "the same, on one batch",
+                  Expect("optimizer.param_groups.0.lr", "lr_mismatch", fields=(("step", 1),))),
 ]
 
 
@@ -482,7 +532,8 @@ def document(rows: list[Row], total: float) -> str:
         "`steps=6, resume_at=3, world_size=2` (exact on the same world size, float64 with its tolerance across "
         "a change), data parallel `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
         "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages. Autocast: "
-        "`check_mixed_precision(steps=2)`; workers: `check_worker_randomness(epochs=2)`.",
+        "`check_mixed_precision(steps=2)`; workers: `check_worker_randomness(epochs=2)`. Training checks: "
+        "`check_training` with the arguments each case names (`TRAINING` in tools/validate.py).",
         "",
     ]
     for surface in SURFACES:

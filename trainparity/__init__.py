@@ -13,12 +13,15 @@ from trainparity._assertions import (
     assert_coverage,
     assert_data_parallel_equivalent,
     assert_frozen,
+    assert_loss_decreases,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
+    assert_overfits_one_batch,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
     assert_train_mode,
+    assert_training_healthy,
     assert_worker_randomness,
 )
 from trainparity._batches._split import split_batch
@@ -39,6 +42,7 @@ from trainparity._preflight import (
     check_mixed_precision,
     check_optimizer_coverage,
     check_train_mode,
+    check_training,
 )
 from trainparity._recipe._recipe import LossAccounting, Recipe
 from trainparity._results._result import (
@@ -51,6 +55,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
     RunsResult,
+    TrainingResult,
     TrainModeResult,
     WorkerRandomnessResult,
 )
@@ -91,6 +96,7 @@ __all__ = [
     "ToleranceComparison",
     "TrainModeResult",
     "TrainParityMixin",
+    "TrainingResult",
     "Violation",
     "WorkerBatch",
     "WorkerRandomnessResult",
@@ -99,12 +105,15 @@ __all__ = [
     "assert_coverage",
     "assert_data_parallel_equivalent",
     "assert_frozen",
+    "assert_loss_decreases",
     "assert_mixed_precision_safe",
     "assert_optimizer_coverage",
+    "assert_overfits_one_batch",
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
     "assert_train_mode",
+    "assert_training_healthy",
     "assert_worker_randomness",
     "check_accumulation",
     "check_coverage",
@@ -116,6 +125,7 @@ __all__ = [
     "check_resume_script",
     "check_runs_equivalent",
     "check_train_mode",
+    "check_training",
     "check_worker_randomness",
     "load_state",
     "probe",

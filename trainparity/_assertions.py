@@ -31,7 +31,9 @@ from trainparity._preflight import (
     check_mixed_precision,
     check_optimizer_coverage,
     check_train_mode,
+    check_training,
 )
+from trainparity._preflight._training_judge import Band, Schedule
 from trainparity._process._options import Isolation
 from trainparity._process._session import Precision
 from trainparity._recipe._reference import RecipeSpec
@@ -45,6 +47,7 @@ from trainparity._results._result import (
     Result,
     ResumeResult,
     RunsResult,
+    TrainingResult,
     TrainModeResult,
     WorkerRandomnessResult,
 )
@@ -374,4 +377,72 @@ def assert_worker_randomness(
     __tracebackhide__ = True
     validate_options(msg, abstain)
     result = check_worker_randomness(loader, epochs=epochs, batches=batches, timeout=timeout)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_loss_decreases(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 20,
+    min_decrease: float = 0.1,
+    window: int | None = None,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> TrainingResult:
+    """`tp.check_training(recipe, min_decrease=..., window=...)` as an assertion: the median loss of the last
+    `window` steps (default steps // 4) is below the first window's by `min_decrease` of it, and nothing is
+    non-finite. The result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_training(recipe, steps=steps, seed=seed, isolation=isolation, timeout=timeout,
+                            min_decrease=min_decrease, window=window)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_overfits_one_batch(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 100,
+    overfit_fraction: float = 0.1,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> TrainingResult:
+    """`tp.check_training(recipe, overfit=True, ...)` as an assertion: trained `steps` times on the recipe's first
+    batch, the loss falls below `overfit_fraction` of its value at step 1, and nothing is non-finite. The result on
+    PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_training(recipe, steps=steps, seed=seed, isolation=isolation, timeout=timeout, overfit=True,
+                            overfit_fraction=overfit_fraction)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_training_healthy(
+    recipe: RecipeSpec,
+    *,
+    steps: int = 20,
+    max_grad_norm: float | None = None,
+    update_ratio: Band | bool | None = None,
+    lr_schedule: Schedule | Mapping[str, Schedule] | None = None,
+    max_skipped_steps: int = 0,
+    seed: int = 0,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> TrainingResult:
+    """`tp.check_training(recipe, max_skipped_steps=0, ...)` as an assertion: nothing non-finite, no step skipped
+    by the GradScaler (beyond `max_skipped_steps`), and the bounds given: `max_grad_norm`, `update_ratio`,
+    `lr_schedule`. The result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_training(recipe, steps=steps, seed=seed, isolation=isolation, timeout=timeout,
+                            max_grad_norm=max_grad_norm, update_ratio=update_ratio, lr_schedule=lr_schedule,
+                            max_skipped_steps=max_skipped_steps)
     return assert_passed(result, msg=msg, abstain=abstain)

@@ -27,6 +27,7 @@ from trainparity._results._result import (
     OptimizerCoverageResult,
     Result,
     ResumeResult,
+    TrainingResult,
     TrainModeResult,
     WorkerRandomnessResult,
 )
@@ -159,6 +160,48 @@ def _run_train_mode(args: argparse.Namespace, spec: Spec, _recipe: object) -> Re
 
     return check_train_mode(spec.text, steps=args.steps, eval_modules=args.eval_modules, seed=args.seed,
                             isolation=args.isolation, timeout=args.timeout)
+
+
+def _update_band(text: str) -> tuple[float, float] | bool:
+    """`default` (the documented band) or `LOW,HIGH`."""
+    if text == "default":
+        return True
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH such as 1e-4,1e-2, or default, got {text!r}") from None
+    return low, high
+
+
+def _lr_schedule(text: str) -> list[float] | Callable[[int], Any]:
+    """Comma-separated learning rates, one per optimizer step, or a `package.module:function` of the step's index."""
+    if ":" in text:
+        function = load_spec(parse_spec(text, "package.module:function"))
+        if not callable(function):
+            raise UsageError(f"--lr-schedule {text!r} is not a function (got {type(function).__name__})")
+        schedule: Callable[[int], Any] = function
+        return schedule
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--lr-schedule: expected comma-separated learning rates such as 0.001,0.002, or "
+                         f"package.module:function, got {text!r}") from None
+
+
+def _run_training(args: argparse.Namespace, spec: Spec, _recipe: object) -> Result:
+    from trainparity._preflight import check_training
+
+    try:
+        schedule = None if args.lr_schedule is None else _lr_schedule(args.lr_schedule)
+    except (UsageError, SpecError):
+        raise
+    except Exception as error:  # noqa: BLE001 - the schedule's module raised
+        return _errored(TrainingResult, "import", error, {"recipe": spec.text, "lr_schedule": args.lr_schedule})
+    return check_training(spec.text, steps=args.steps, seed=args.seed, isolation=args.isolation, timeout=args.timeout,
+                          min_decrease=args.min_decrease, window=args.window, overfit=args.overfit,
+                          overfit_fraction=args.overfit_fraction, max_grad_norm=args.max_grad_norm,
+                          update_ratio=args.update_ratio, lr_schedule=schedule,
+                          max_skipped_steps=args.max_skipped_steps)
 
 
 def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
@@ -337,6 +380,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="a glob over module names deliberately in eval mode (a frozen BatchNorm backbone), e.g. 'backbone'; "
              "a module inside a declared one is declared too; repeat it for several (default: none)")
 
+    training = _command(commands, "training", "training health: one observed run, its loss, gradient norms, update "
+                        "sizes, learning rates and skipped steps per step (printed as a table after the report), and "
+                        "the verdicts asked for", Command(_run_training, TrainingResult))
+    _recipe_options(training, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
+    add = training.add_argument
+    add("--steps", type=int, default=20, help="calls of step() observed (default: 20)")
+    add("--min-decrease", type=float, default=None, metavar="F",
+        help="judge loss_not_decreasing: the median loss of the last --window steps must be below the first window's "
+             "by this fraction of it, e.g. 0.1 (default: not judged)")
+    add("--window", type=int, default=None, metavar="N",
+        help="steps per window of --min-decrease (default: steps // 4)")
+    add("--overfit", action="store_true",
+        help="train on the recipe's first batch, repeated, and judge not_overfitting (default: the recipe's batches)")
+    add("--overfit-fraction", type=float, default=0.1, metavar="F",
+        help="with --overfit, the loss must fall below this fraction of its value at step 1 (default: 0.1)")
+    add("--max-grad-norm", type=float, default=None, metavar="N",
+        help="judge grad_norm_exceeded: the gradient norm before clipping above N (default: not judged)")
+    add("--update-ratio", type=_update_band, default=None, metavar="LOW,HIGH|default",
+        help="judge update_too_small/update_too_large: ||update|| / ||parameters|| per parameter group outside "
+             "[LOW, HIGH]; 'default' is 1e-5,0.1 (default: not judged)")
+    add("--lr-schedule", default=None, metavar="LR,LR,...|module:function",
+        help="judge lr_mismatch: the learning rate of each optimizer step against these rates (one per step), or a "
+             "function of the step's index from 0 (default: not judged)")
+    add("--max-skipped-steps", type=int, default=None, metavar="N",
+        help="judge skipped_updates: more than N optimizer steps skipped by the GradScaler (default: not judged)")
+
     script = commands.add_parser(
         "resume-script", help="resume equivalence of an unmodified training script, run as real processes",
         description="resume equivalence of an unmodified training script: two uninterrupted runs, one ended by a "
@@ -412,6 +481,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
     print(result.report())
+    if isinstance(result, TrainingResult) and result.telemetry:
+        print(f"\n{result.table()}")
     if args.json is not None:
         try:
             args.json.write_text(result.to_json() + "\n")

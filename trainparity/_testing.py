@@ -21,13 +21,16 @@ from trainparity._assertions import (
     assert_coverage,
     assert_data_parallel_equivalent,
     assert_frozen,
+    assert_loss_decreases,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
+    assert_overfits_one_batch,
     assert_passed,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
     assert_train_mode,
+    assert_training_healthy,
     assert_worker_randomness,
 )
 
@@ -89,6 +92,9 @@ class TrainParityMixin:
     assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
     assertFrozen = _method(assert_frozen)
     assertTrainMode = _method(assert_train_mode)
+    assertLossDecreases = _method(assert_loss_decreases)
+    assertOverfitsOneBatch = _method(assert_overfits_one_batch)
+    assertTrainingHealthy = _method(assert_training_healthy)
     assertWorkerRandomness = _method(assert_worker_randomness)
 
 

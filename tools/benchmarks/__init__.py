@@ -18,6 +18,7 @@ MODULES = {
     "resume": "resume",
     "scale": "scale",
     "script": "script",
+    "training": "training",
     "wire": "wire",
     "workers": "workers",
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import torch
@@ -23,6 +23,25 @@ def grad_copy(tensor: torch.Tensor | None, scale: float | None) -> torch.Tensor 
     if copy.layout != torch.strided:  # sparse gradients (nn.Embedding(sparse=True)) compare as dense values
         copy = copy.to_dense()
     return copy / scale if scale is not None else copy
+
+
+def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[float]:
+    """Each tensor's L2 norm, in its own dtype (float64 for float64 tensors), as clip_grad_norm_ computes them: one
+    fused reduction on the tensors' device. A DTensor is gathered, a sparse tensor densified."""
+    dense = []
+    for tensor in tensors:
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):  # a DTensor, a tensor subclass
+            tensor = gathered(tensor)
+        if tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        dense.append(tensor.detach() if tensor.requires_grad else tensor)
+    if not dense:
+        return []
+    norms = torch._foreach_norm(dense)
+    if len({(norm.dtype, norm.device) for norm in norms}) == 1:  # one copy out, not one per tensor
+        values: list[float] = torch.stack(norms).tolist()
+        return values
+    return [float(norm) for norm in norms]
 
 
 def creates_state(optimizer: torch.optim.Optimizer) -> bool:

@@ -28,6 +28,7 @@ in-process observation holds a lock: two observed runs never overlap.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +48,7 @@ from trainparity._observe._hooks import (
     grad_copy,
     patch_functions,
     step_closure,
+    tensor_norms,
 )
 from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
@@ -77,6 +79,8 @@ class Observer(HookSet):
     optimizer)` in every post-hook, last (neither for a step that only creates an optimizer's state).
     `record_forwards` records the forward passes of each call (`CallRecord.forwards`). `fingerprint_rng=False`
     leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a millisecond).
+    `record_grads=False` leaves the step events' gradients and the clip records' gradient samples empty: a caller
+    that reads what it needs of the gradients in its step callbacks spares a copy of every gradient per step.
 
     What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
     sample of at most about `SAMPLE_ELEMENTS` elements over all parameters, so that observing a
@@ -95,9 +99,11 @@ class Observer(HookSet):
         after_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
         record_forwards: bool = False,
         fingerprint_rng: bool = True,
+        record_grads: bool = True,
     ) -> None:
         super().__init__()
         self.state = state
+        self.record_grads = record_grads
         self._rng_fingerprint: Callable[[], str] = rng_fingerprint if fingerprint_rng else str
         self.recipe_type = recipe_type
         self.disable_dropout = disable_dropout
@@ -273,6 +279,8 @@ class Observer(HookSet):
         ))
 
     def _grads(self, entry: str, scale: float | None, index: int) -> dict[str, torch.Tensor | None]:
+        if not self.record_grads:
+            return {}
         grads: dict[str, torch.Tensor | None] = {}
         for name, parameter in self.optimizer_parameters[entry]:
             shared = None
@@ -379,15 +387,15 @@ class Observer(HookSet):
         assert self.call is not None
         names = [self.names.get(id(p), "<unnamed>") for p in parameters]
         grads: dict[str, torch.Tensor | None] = {}
-        scales: set[float] = set()
-        for name, parameter in zip(names, parameters, strict=True):
-            if parameter.grad is not None:
-                scale = self._scale_of(self.owners.get(id(parameter)))
-                grads[name] = self.sample(parameter.grad, scale)
-                if scale is not None:
-                    scales.add(scale)
+        with_grads = [(name, parameter.grad, self._scale_of(self.owners.get(id(parameter))))
+                      for name, parameter in zip(names, parameters, strict=True) if parameter.grad is not None]
+        for name, grad, scale in with_grads if self.record_grads else []:
+            grads[name] = self.sample(grad, scale)
+        norms = tensor_norms([grad for _, grad, _ in with_grads])
+        norm = math.sqrt(sum((n / (scale or 1.0)) ** 2 for n, (_, _, scale) in zip(norms, with_grads, strict=True)))
+        scales = {scale for _, _, scale in with_grads if scale is not None}
         self._clip_records.append(grads)
-        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None))
+        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None, norm))
 
     # -- calls ---------------------------------------------------------------------------------------
 

@@ -17,13 +17,17 @@ class Clip:
     #: the gradients it saw were still scaled by an enabled GradScaler (by `scale`)
     scaled: bool
     scale: float | None
+    #: the L2 norm of the gradients it was given, taken together and unscaled: the norm before clipping
+    norm: float = 0.0
 
     def to_wire(self) -> dict[str, Any]:
-        return {"function": self.function, "parameters": self.parameters, "scaled": self.scaled, "scale": self.scale}
+        return {"function": self.function, "parameters": self.parameters, "scaled": self.scaled, "scale": self.scale,
+                "norm": self.norm}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Clip:
-        return cls(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"])
+        return cls(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"],
+                   float(data["norm"]))
 
 
 @dataclasses.dataclass

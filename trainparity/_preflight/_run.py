@@ -64,7 +64,7 @@ class Preflight:
 
     def run(self, task: str, decode: Callable[[dict[str, Any]], T]) -> JobOutcome:
         """Run `task` on the payload; the outcome's output is the decoded trace, or its error."""
-        job = Job(task, self.payload, "training", decode=decode)
+        job = Job(task, self.payload, "training", decode=decode, workdir=False)  # no preflight task writes files
         return run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
 
 
@@ -95,16 +95,19 @@ class Call:
 
 
 def observed_calls(recipe: Recipe[Any], observer: Observer, steps: int,
-                   tolerate: Callable[[CallRecord, Exception], bool] | None = None) -> Iterator[Call]:
-    """`steps` calls of `recipe.step()` on its batches, each observed.
+                   tolerate: Callable[[CallRecord, Exception], bool] | None = None, *,
+                   repeat_first: bool = False) -> Iterator[Call]:
+    """`steps` calls of `recipe.step()` on its batches, each observed; with `repeat_first`, every call gets the
+    recipe's first batch again (the same object).
 
     When a call raises and `tolerate(record, error)` says that what it observed explains the error, the call
     is yielded with the error and the run ends; otherwise the error propagates (the check's ERROR).
     """
     name = type(recipe).__name__
     with batch_iterator(recipe, observer.state) as batches:
+        first = next_batch(batches, recipe, "step 1") if repeat_first else None
         for number in range(1, steps + 1):
-            batch = next_batch(batches, recipe, f"step {number}")
+            batch = first if repeat_first else next_batch(batches, recipe, f"step {number}")
             observer.begin_call(number)
             try:
                 returned = recipe.step(observer.state, batch)

@@ -142,7 +142,9 @@ def render_text(result: Result) -> str:
     return ascii_text(relative_paths("\n".join(lines)))
 
 
-def render_json(result: Result, *, include_environment: bool = False) -> str:
+def render_json(result: Result, *, include_environment: bool = False,
+                extra: dict[str, JsonValue] | None = None) -> str:
+    """The result as JSON; `extra` adds a result type's own fields (a training result's telemetry)."""
     error = None
     if result.error is not None:
         error = {k: (relative_paths(v) if isinstance(v, str) else v) for k, v in result.error.to_dict().items()}
@@ -158,6 +160,7 @@ def render_json(result: Result, *, include_environment: bool = False) -> str:
         "violations": [v.to_dict() for v in result.violations],
         "notes": list(result.notes),
         "error": json_safe(error),
+        **(extra or {}),
     }
     if include_environment:
         import platform

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import ClassVar, NoReturn, Self
 
 from trainparity._results._report import brief_location, render_json, render_text
+from trainparity._results._telemetry import TrainingStep, render_table
 from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation
 
 
@@ -130,3 +131,28 @@ class TrainModeResult(Result):
 class WorkerRandomnessResult(Result):
     check: ClassVar[str] = "worker_randomness"
     assertion: ClassVar[str] = "tp.assert_worker_randomness"
+
+
+@dataclasses.dataclass(repr=False)
+class TrainingResult(Result):
+    """`check_training`'s result: the verdicts, and what the run recorded per call of `step()` (`telemetry`), which
+    `table()` renders and the JSON carries."""
+
+    check: ClassVar[str] = "training"
+    assertion: ClassVar[str] = "tp.assert_training_healthy, tp.assert_loss_decreases or tp.assert_overfits_one_batch"
+
+    telemetry: list[TrainingStep] = dataclasses.field(default_factory=list)
+
+    @property
+    def losses(self) -> list[float | None]:
+        """The loss each call of `step()` returned, in order."""
+        return [step.loss for step in self.telemetry]
+
+    def table(self) -> str:
+        """The run, one row per optimizer step: loss, gradient norm (before -> after clipping), ||update|| /
+        ||parameters|| and learning rate per parameter group, skipped steps and non-finite values."""
+        return render_table(self.telemetry)
+
+    def to_json(self, *, include_environment: bool = False) -> str:
+        return render_json(self, include_environment=include_environment,
+                           extra={"telemetry": [step.to_json() for step in self.telemetry]})

@@ -1,0 +1,515 @@
+"""The training check's verdicts: what a run must show, validated before it runs and judged on its trace.
+
+In observation order per call of `step()`: a non-finite loss; per optimizer step, non-finite gradients it stepped on,
+its gradient norm above `max_grad_norm`, learning rates off `lr_schedule`, a GradScaler skip past
+`max_skipped_steps`, ||update|| / ||parameters|| outside `update_ratio`; then non-finite parameters. After the last
+call, the loss: its median over the last `window` calls against the first's (`min_decrease`), or, on one batch
+repeated, whether it fell below `overfit_fraction` of its value at step 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
+
+from trainparity._preflight._run import finite_number, once_per_path, steps_text
+from trainparity._results._result import TrainingResult
+from trainparity._results._telemetry import TrainingStep, Update, number, scale_text
+from trainparity._results._violation import JsonValue, Outcome, Violation, json_safe
+
+#: (low, high) bounds of ||update|| / ||parameters||; None leaves a side open
+Band: TypeAlias = tuple[float | None, float | None]
+#: the learning rate at each optimizer step, indexed from 0: a function of the index or a list, each value a float
+#: or one per parameter group
+Schedule: TypeAlias = Callable[[int], Any] | Sequence[Any]
+#: `update_ratio=True`: two decades either side of the classic 1e-3
+DEFAULT_BAND: Band = (1e-5, 1e-1)
+#: how close a learning rate must be to the schedule's (schedulers compute theirs in other orders)
+LR_RTOL, LR_ATOL = 1e-6, 1e-12
+NO_OPTIMIZER = ("the State holds no optimizer: its steps cannot be observed; put the optimizer in the State "
+                "(tp.State(model=model, optimizer=optimizer, ...))")
+
+
+@dataclasses.dataclass
+class TrainingTrace:
+    """One run of the training check."""
+
+    #: optimizer entry -> how many parameter groups it has right after setup()
+    optimizers: dict[str, int]
+    #: the State's one enabled GradScaler, observed
+    scaler: str | None
+    #: the parameters holding an inf or a NaN right after setup()
+    initial_nonfinite: list[str]
+    steps: list[TrainingStep]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"optimizers": self.optimizers, "scaler": self.scaler, "initial_nonfinite": self.initial_nonfinite,
+                "steps": [step.to_wire() for step in self.steps]}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> TrainingTrace:
+        return cls(dict(data["optimizers"]), data["scaler"], list(data["initial_nonfinite"]),
+                   [TrainingStep.from_wire(step) for step in data["steps"]])
+
+
+# -- the arguments ----------------------------------------------------------------------------------------------
+
+
+def _number(value: object, argument: str, example: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise TypeError(f"{argument}= must be a finite number such as {example}, got {value!r}")
+    return float(value)
+
+
+def _band(value: object) -> Band | None:
+    if value is None or value is False:
+        return None
+    if value is True:
+        return DEFAULT_BAND
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"update_ratio= must be (low, high), True for the default band {DEFAULT_BAND}, or None, "
+                        f"got {value!r}")
+    low, high = (None if side is None else _number(side, "update_ratio", "(1e-4, 1e-2)") for side in value)
+    if (low is None and high is None) or any(side is not None and side < 0 for side in (low, high)) or (
+            low is not None and high is not None and low >= high):
+        raise ValueError(f"update_ratio= must be (low, high) with 0 <= low < high (None leaves a side open), "
+                         f"got {value!r}")
+    return low, high
+
+
+def _rates(value: object, where: str) -> list[float] | float:
+    """A schedule's value: one learning rate, or one per parameter group."""
+    if isinstance(value, (list, tuple)) and value:
+        return [_rate(rate, where) for rate in value]
+    return _rate(value, where)
+
+
+def _rate(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
+        raise TypeError(f"{where} must be a learning rate (a float >= 0) or a list of one per parameter group, "
+                        f"got {value!r}")
+    return float(value)
+
+
+def _schedule(value: object, argument: str) -> Schedule:
+    if callable(value):
+        return value
+    if isinstance(value, (list, tuple)) and value:
+        for index, rate in enumerate(value):
+            _rates(rate, f"{argument}[{index}]")
+        return value
+    raise TypeError(f"{argument} must be a function of the optimizer step's index (from 0) returning its learning "
+                    f"rate, a non-empty list of learning rates, or a mapping from optimizer entries to either, got "
+                    f"{value!r}")
+
+
+def _described(schedule: Schedule) -> JsonValue:
+    return json_safe(schedule) if isinstance(schedule, (list, tuple)) else getattr(
+        schedule, "__qualname__", type(schedule).__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdicts:
+    """What `check_training` judges beyond non-finite values, validated."""
+
+    min_decrease: float | None
+    window: int | None
+    overfit: bool
+    overfit_fraction: float
+    max_grad_norm: float | None
+    update_ratio: Band | None
+    lr_schedule: Schedule | dict[str, Schedule] | None
+    max_skipped_steps: int | None
+
+    @classmethod
+    def validate(cls, *, steps: int, min_decrease: object, window: object, overfit: object, overfit_fraction: object,
+                 max_grad_norm: object, update_ratio: object, lr_schedule: object,
+                 max_skipped_steps: object) -> Verdicts:
+        """Misuse raises TypeError/ValueError naming the fix, before anything runs."""
+        decrease = None if min_decrease is None else _number(min_decrease, "min_decrease", "0.1")
+        if decrease is not None and not 0 <= decrease < 1:
+            raise ValueError(f"min_decrease= is a fraction of the first window's median loss in [0, 1) (0.1: 10% "
+                             f"lower), got {min_decrease!r}")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window= must be an int >= 1 (calls of step() per window), got {window!r}")
+        if window is not None and decrease is None:
+            raise ValueError("window= sizes the windows min_decrease= compares: set min_decrease= too (e.g. 0.1)")
+        windows = (window or max(1, steps // 4)) if decrease is not None else None
+        if windows is not None and 2 * windows > steps:
+            raise ValueError(f"min_decrease= compares the first and the last window={windows} calls of step(), "
+                             f"which must not overlap: steps= must be at least {2 * windows}, got {steps}")
+        if not isinstance(overfit, bool):
+            raise TypeError(f"overfit= must be True or False, got {overfit!r}")
+        fraction = _number(overfit_fraction, "overfit_fraction", "0.1")
+        if not 0 < fraction < 1:
+            raise ValueError(f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction of its "
+                             f"value at step 1, got {overfit_fraction!r}")
+        bound = None if max_grad_norm is None else _number(max_grad_norm, "max_grad_norm", "10.0")
+        if bound is not None and bound <= 0:
+            raise ValueError(f"max_grad_norm= must be > 0, got {max_grad_norm!r}")
+        schedule: Schedule | dict[str, Schedule] | None = None
+        if isinstance(lr_schedule, Mapping):
+            if not lr_schedule or not all(isinstance(key, str) for key in lr_schedule):
+                raise TypeError(f"lr_schedule= as a mapping must map optimizer entries (strings) to schedules, got "
+                                f"{lr_schedule!r}")
+            schedule = {key: _schedule(value, f"lr_schedule[{key!r}]") for key, value in lr_schedule.items()}
+        elif lr_schedule is not None:
+            schedule = _schedule(lr_schedule, "lr_schedule=")
+        if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(
+                max_skipped_steps, int) or max_skipped_steps < 0):
+            raise ValueError(f"max_skipped_steps= must be None (not judged) or an int >= 0, got {max_skipped_steps!r}")
+        return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, max_skipped_steps)
+
+    @property
+    def optimizer_verdicts(self) -> bool:
+        """Whether a verdict asked for reads the optimizers' steps."""
+        return (self.max_grad_norm is not None or self.update_ratio is not None or self.lr_schedule is not None
+                or self.max_skipped_steps is not None)
+
+    def config(self) -> dict[str, JsonValue]:
+        schedule = self.lr_schedule
+        return {"min_decrease": self.min_decrease, "window": self.window, "overfit": self.overfit,
+                "overfit_fraction": self.overfit_fraction, "max_grad_norm": self.max_grad_norm,
+                "update_ratio": None if self.update_ratio is None else list(self.update_ratio),
+                "lr_schedule": None if schedule is None else {k: _described(v) for k, v in schedule.items()}
+                if isinstance(schedule, dict) else _described(schedule),
+                "max_skipped_steps": self.max_skipped_steps}
+
+
+# -- the judgement ----------------------------------------------------------------------------------------------
+
+
+def _group(update: Update, group: int) -> str:
+    return f"optimizer '{update.optimizer}' group {group}"
+
+
+def _why_still(update: Update, group: int) -> str:
+    """Why a parameter group's update is (about) zero."""
+    n, frozen, without = update.parameters[group], update.frozen[group], update.without_grad[group]
+    if update.lr[group] == 0:
+        return "its learning rate is 0"
+    if frozen == n:
+        return f"all {n} of its parameters have requires_grad=False: they are frozen"
+    if without == n:
+        return (f"none of its {n} parameters had a gradient (.grad is None): the loss does not reach them, as when it "
+                "is detached from the model (.detach(), .item(), torch.no_grad(), requires_grad_() on the loss)")
+    parts = [f"{frozen} of its {n} parameters are frozen" if frozen else "",
+             f"{without} of its {n} parameters had no gradient" if without else ""]
+    return "; ".join(filter(None, parts)) or "its learning rate is too low for parameters of this scale"
+
+
+class _Judge:
+    def __init__(self, trace: TrainingTrace, verdicts: Verdicts) -> None:
+        self.trace, self.verdicts = trace, verdicts
+        self.unjudged: list[str] = []
+        self.notes: list[str] = []
+        self.skips = [(step.step, update) for step in trace.steps for update in step.updates if update.skipped]
+        #: optimizer entry -> [(its optimizer step's index, learning rates)] of the updates taken in the run
+        self.rates: dict[str, list[tuple[int, list[float]]]] = {}
+        for optimizer in trace.optimizers:
+            updates = [u for step in trace.steps for u in step.updates if u.optimizer == optimizer]
+            self.rates[optimizer] = [(index, u.lr) for index, u in enumerate(updates) if not u.skipped]
+        #: optimizer entry -> [(index, step)] of the updates a list schedule did not reach
+        self.beyond: dict[str, list[int]] = {}
+        self.counts: dict[str, int] = dict.fromkeys(trace.optimizers, 0)
+        self.largest_ratio: tuple[float, int] | None = None
+        self.skipped_so_far = 0
+        self.shifts: dict[str, int | None] = {}
+        #: optimizer entry -> the steps whose learning rate is 0 as lr_schedule declares (their update is not judged)
+        self.resting: dict[str, list[int]] = {}
+
+    # -- the learning rate ----------------------------------------------------------------------------------
+
+    def schedule(self, optimizer: str) -> Schedule | None:
+        schedule = self.verdicts.lr_schedule
+        return schedule.get(optimizer) if isinstance(schedule, dict) else schedule
+
+    def expected(self, optimizer: str, index: int, groups: int) -> list[float] | None:
+        """The schedule's learning rates for an optimizer step, one per group; None past the end of a list."""
+        schedule = self.schedule(optimizer)
+        if schedule is None or index < 0 or (not callable(schedule) and index >= len(schedule)):
+            return None
+        where = f"lr_schedule({index})" if callable(schedule) else f"lr_schedule[{index}]"
+        rates = _rates(schedule(index) if callable(schedule) else schedule[index], where)
+        if isinstance(rates, float):
+            return [rates] * groups
+        if len(rates) != groups:
+            raise ValueError(f"{where} holds {len(rates)} learning rates, but optimizer '{optimizer}' has {groups} "
+                             "parameter groups: give one per group, or one float for all")
+        return rates
+
+    def shift(self, optimizer: str) -> int | None:
+        """+1 when every learning rate is the schedule's for the next optimizer step, -1 for the one before."""
+        if optimizer not in self.shifts:
+            self.shifts[optimizer] = self._shift(optimizer)
+        return self.shifts[optimizer]
+
+    def _shift(self, optimizer: str) -> int | None:
+        for shift in (1, -1):
+            compared = [(rates, self.expected(optimizer, index + shift, len(rates)))
+                        for index, rates in self.rates.get(optimizer, [])]
+            pairs = [(rates, wanted) for rates, wanted in compared if wanted is not None]
+            if pairs and all(_close(a, w) for rates, wanted in pairs for a, w in zip(rates, wanted, strict=True)):
+                return shift
+        return None
+
+    def lr_mismatch(self, step: int, update: Update, index: int) -> list[Violation]:
+        wanted = self.expected(update.optimizer, index, len(update.lr))
+        if wanted is None:
+            if self.schedule(update.optimizer) is not None:
+                self.beyond.setdefault(update.optimizer, []).append(index)
+            return []
+        found = []
+        for group, (actual, expected) in enumerate(zip(update.lr, wanted, strict=True)):
+            if _close(actual, expected):
+                continue
+            shift = self.shift(update.optimizer)
+            how = {1: (" At every optimizer step the learning rate is the schedule's for the next one: the scheduler "
+                       "runs one step ahead, as when scheduler.step() is called before optimizer.step() (or once "
+                       "more before training starts); call it after optimizer.step(). (Or lr_schedule counts "
+                       "optimizer steps from 1: its index 0 is the first.)"),
+                   -1: (" At every optimizer step the learning rate is the schedule's for the one before: the "
+                        "scheduler runs one step behind, as when it was stepped once less than the optimizer "
+                        "before training (its first step() skipped)."),
+                   None: ""}[shift]
+            rows = self.rates[update.optimizer][:6]
+            shown = ", ".join(number(rates[group]) for _, rates in rows)
+            wanted_rows = (self.expected(update.optimizer, i, len(r)) for i, r in rows)
+            scheduled = ", ".join(number(w[group]) for w in wanted_rows if w is not None)
+            found.append(Violation(
+                "lr_mismatch", f"{update.optimizer}.param_groups.{group}.lr",
+                f"The learning rate of {_group(update, group)} at step {step} (its optimizer step {index + 1}, "
+                f"lr_schedule index {index}) is {number(actual)}, where lr_schedule says {number(expected)} (within "
+                f"a relative {LR_RTOL:g}).{how}\nLearning rates at its first optimizer steps: {shown}; "
+                f"lr_schedule: {scheduled}.", step=step, expected=expected, actual=actual, cause="lr_mismatch"))
+        return found
+
+    # -- one call of step() ---------------------------------------------------------------------------------
+
+    def update_ratio(self, step: int, update: Update, index: int) -> list[Violation]:
+        assert self.verdicts.update_ratio is not None
+        low, high = self.verdicts.update_ratio
+        declared = self.expected(update.optimizer, index, len(update.lr))
+        found = []
+        for group, ratio in enumerate(update.update_ratio):
+            if ratio is None or not math.isfinite(ratio):
+                continue
+            if declared is not None and declared[group] == 0 and update.lr[group] == 0:
+                self.resting.setdefault(update.optimizer, []).append(step)  # a warmup from 0: as declared
+                continue
+            path = f"{update.optimizer}.param_groups.{group}.update_ratio"
+            what = (f"The update of {_group(update, group)} at step {step} is {number(ratio)} times its parameters' "
+                    "norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3)")
+            if low is not None and ratio < low:
+                found.append(Violation("update_too_small", path, f"{what}, below update_ratio's lower bound "
+                                       f"{number(low)}: {_why_still(update, group)}.", step=step, expected=low,
+                                       actual=ratio, cause="update_too_small"))
+            elif high is not None and ratio > high:
+                found.append(Violation("update_too_large", path, f"{what}, above update_ratio's upper bound "
+                                       f"{number(high)}: a learning rate too high (lr={number(update.lr[group])}) for "
+                                       "parameters of this scale.", step=step, expected=high, actual=ratio,
+                                       cause="update_too_large"))
+        return found
+
+    def skipped(self, step: int) -> Violation:
+        allowed = self.verdicts.max_skipped_steps
+        assert allowed is not None
+        taken = sum(1 for s in self.trace.steps for u in s.updates if not u.skipped and u.scale is not None)
+        steps = [at for at, _ in self.skips]
+        scales = ", ".join(f"{scale_text(u.scale)} (step {at})" for at, u in self.skips[:6]) + (
+            ", ..." if len(self.skips) > 6 else "")
+        return Violation(
+            "skipped_updates", f"{self.trace.scaler}.scale",
+            f"GradScaler '{self.trace.scaler}' skipped {len(steps)} of {len(steps) + taken} optimizer steps "
+            f"({steps_text(steps[:10])}{', ...' if len(steps) > 10 else ''}) because their gradients held an inf or "
+            f"a NaN, at most {allowed} allowed (max_skipped_steps={allowed}): a skipped step updates nothing. Loss "
+            f"scale at the skipped steps: {scales}. A scale that never backs off (a static loss scale passed to "
+            "scaler.update(new_scale)) or a model that overflows at every scale skips every step.",
+            step=step, expected=allowed, actual=len(steps), cause="skipped_updates")
+
+    def call(self, step: TrainingStep) -> list[Violation]:
+        verdicts, n, found = self.verdicts, step.step, []
+        if not finite_number(step.loss):
+            large = (f" It followed updates of up to {number(self.largest_ratio[0])} times the parameters' norm "
+                     f"(step {self.largest_ratio[1]}): a learning rate too high makes the loss diverge."
+                     if self.largest_ratio is not None and self.largest_ratio[0] > 1 else "")
+            found.append(Violation("nonfinite", "loss", f"step() returned a non-finite loss ({step.loss}) at step {n}: "
+                                   f"the forward pass produced an inf or a NaN.{large}", step=n, expected="finite",
+                                   actual=json_safe(step.loss), cause="nonfinite"))
+        for update in step.updates:
+            index = self.counts.get(update.optimizer, 0)
+            self.counts[update.optimizer] = index + 1
+            if update.skipped:
+                if self.skipped_so_far == verdicts.max_skipped_steps:
+                    found.append(self.skipped(n))
+                self.skipped_so_far += 1
+                continue
+            ratios = [r for r in update.update_ratio if r is not None and math.isfinite(r)]
+            if ratios and (self.largest_ratio is None or max(ratios) > self.largest_ratio[0]):
+                self.largest_ratio = (max(ratios), n)
+            if update.nonfinite_grads:
+                found.append(Violation(
+                    "nonfinite", f"gradients.{update.nonfinite_grads[0]}",
+                    f"Optimizer '{update.optimizer}' stepped at step {n} on gradients holding an inf or a NaN (of "
+                    f"{', '.join(update.nonfinite_grads)}): the parameters it updates become non-finite. Find where "
+                    "they come from (torch.autograd.set_detect_anomaly), or skip such steps (an enabled GradScaler's "
+                    "scaler.step() does).", step=n, expected="finite", cause="nonfinite"))
+            norm = update.judged_norm
+            if verdicts.max_grad_norm is not None and norm is not None and math.isfinite(norm) and (
+                    norm > verdicts.max_grad_norm):
+                clipped = (f" The loop clipped it to {number(update.grad_norm)} before the step." if update.clip_norm
+                           is not None and update.grad_norm is not None and update.grad_norm < norm else "")
+                found.append(Violation(
+                    "grad_norm_exceeded", f"{update.optimizer}.grad_norm",
+                    f"The gradient norm of optimizer '{update.optimizer}' at step {n} (the L2 norm of its parameters' "
+                    f"gradients together, unscaled, before clipping) is {number(norm)}, above max_grad_norm="
+                    f"{number(verdicts.max_grad_norm)}; the largest is {update.largest_grad}'s.{clipped} Gradients "
+                    "that grow this large explode: a learning rate too high, a loss summed instead of averaged, or an "
+                    "unnormalized input.", step=n, expected=verdicts.max_grad_norm, actual=norm,
+                    cause="grad_norm_exceeded"))
+            if verdicts.lr_schedule is not None:
+                found += self.lr_mismatch(n, update, index)
+            if verdicts.update_ratio is not None:
+                found += self.update_ratio(n, update, index)
+        if step.nonfinite_params:
+            names = step.nonfinite_params
+            found.append(Violation("nonfinite", f"parameters.{names[0]}", f"After step {n}, {len(names)} "
+                                   f"parameter{'s' if len(names) != 1 else ''} hold an inf or a NaN: "
+                                   f"{', '.join(names[:6])}{', ...' if len(names) > 6 else ''}.", step=n,
+                                   expected="finite", cause="nonfinite"))
+        return found
+
+    # -- the loss, after the run ----------------------------------------------------------------------------
+
+    def still(self) -> str:
+        """Why the run may not have learned, from what its updates show; empty when they show nothing wrong."""
+        updates = [u for step in self.trace.steps for u in step.updates]
+        taken = [u for u in updates if not u.skipped]
+        if not updates:
+            return (" No optimizer of the State stepped: call optimizer.step() (on an optimizer the State holds)."
+                    if self.trace.optimizers else "")
+        if not taken:
+            return f" The GradScaler skipped every optimizer step ({len(updates)}): nothing was updated."
+        groups = {(u.optimizer, group): u for u in taken for group in range(len(u.update_ratio))}
+        still = [(u, group) for (optimizer, group), u in groups.items()
+                 if all(not t.update_ratio[group] for t in taken if t.optimizer == optimizer)]
+        if still and len(still) == len(groups):
+            return f" No optimizer step changed a parameter ({_group(*still[0])}: {_why_still(*still[0])})."
+        if still:
+            return "".join(f" No optimizer step changed the parameters of {_group(u, group)}: "
+                           f"{_why_still(u, group)}." for u, group in still)
+        if self.largest_ratio is not None and self.largest_ratio[0] > 1:
+            return (f" Updates reached {number(self.largest_ratio[0])} times the parameters' norm (step "
+                    f"{self.largest_ratio[1]}): a learning rate too high.")
+        return ""
+
+    def loss(self) -> list[Violation]:
+        verdicts, steps = self.verdicts, self.trace.steps
+        if verdicts.min_decrease is None and not verdicts.overfit:
+            return []
+        losses = [step.loss for step in steps]
+        missing = next((step.step for step in steps if step.loss is None), None)
+        if missing is not None:
+            self.unjudged.append(f"step() returned no loss at step {missing}: return it, so that the loss can be "
+                                 "judged")
+            return []
+        values = [float(loss) for loss in losses if loss is not None]
+        if not all(map(math.isfinite, values)):
+            return []  # the nonfinite violation says why
+        n, found = len(values), []
+        if verdicts.min_decrease is not None and verdicts.window is not None:
+            w = verdicts.window
+            first, last = statistics.median(values[:w]), statistics.median(values[-w:])
+            threshold = first - verdicts.min_decrease * abs(first)
+            spans = (f"steps 1-{w}" if w > 1 else "step 1", f"steps {n - w + 1}-{n}" if w > 1 else f"step {n}")
+            self.notes.append(f"Loss: median {number(first)} over {spans[0]}, {number(last)} over {spans[1]}.")
+            if not last < threshold:
+                found.append(Violation(
+                    "loss_not_decreasing", "loss",
+                    f"The loss did not decrease over {n} steps: its median over {spans[1]} is {number(last)}, not "
+                    f"below {number(threshold)} (its median over {spans[0]}, {number(first)}, less min_decrease="
+                    f"{number(verdicts.min_decrease)} of it).{self.still()}\nLosses at {spans[0]}: "
+                    f"{', '.join(map(number, values[:w]))}; at {spans[1]}: {', '.join(map(number, values[-w:]))}.",
+                    step=n, expected=threshold, actual=last, cause="loss_not_decreasing"))
+        if verdicts.overfit:
+            found += self.overfit(values)
+        return found
+
+    def overfit(self, values: list[float]) -> list[Violation]:
+        start, n, fraction = values[0], len(values), self.verdicts.overfit_fraction
+        if start <= 0:
+            self.unjudged.append(f"the loss at step 1 is {number(start)}: overfitting is judged as a fall below "
+                                 f"overfit_fraction of a positive starting loss")
+            return []
+        target = fraction * start
+        reached = next((at for at, loss in enumerate(values, start=1) if loss <= target), None)
+        if reached is not None:
+            self.notes.append(f"On one batch repeated, the loss fell from {number(start)} to "
+                              f"{number(values[reached - 1])} (below {number(fraction)} of its start) at step "
+                              f"{reached}.")
+            return []
+        lowest = min(range(n), key=values.__getitem__)
+        return [Violation(
+            "not_overfitting", "loss",
+            f"On one batch repeated (the recipe's first) for {n} steps, the loss never fell below {number(fraction)} "
+            f"of its value at step 1 ({number(start)}, target {number(target)}): it is {number(values[-1])} at step "
+            f"{n}, lowest {number(values[lowest])} at step {lowest + 1}. A model that trains memorizes one batch."
+            f"{self.still()} Or take more steps.", step=n, expected=target, actual=values[lowest],
+            cause="not_overfitting")]
+
+    def summary(self) -> None:
+        """Notes on what the verdicts could not see."""
+        verdicts = self.verdicts
+        for optimizer, taken in self.counts.items():
+            if taken == 0:
+                self.notes.append(f"Optimizer '{optimizer}' never stepped in {len(self.trace.steps)} calls of step().")
+        if self.skips and verdicts.max_skipped_steps is None:
+            shown = steps_text([at for at, _ in self.skips][:10]) + (", ..." if len(self.skips) > 10 else "")
+            self.notes.append(f"GradScaler '{self.trace.scaler}' skipped {len(self.skips)} optimizer steps ({shown}): "
+                              "not judged (max_skipped_steps=None).")
+        for optimizer, steps in self.resting.items():
+            shown = steps_text(list(dict.fromkeys(steps)))
+            self.notes.append(f"The update ratio of optimizer '{optimizer}' was not judged at {shown}: lr_schedule "
+                              "declares a learning rate of 0 there.")
+        for optimizer, indices in self.beyond.items():
+            self.notes.append(f"lr_schedule holds fewer learning rates than optimizer '{optimizer}' took steps: its "
+                              f"optimizer steps {indices[0] + 1}-{indices[-1] + 1} were not judged.")
+        if isinstance(verdicts.lr_schedule, dict):
+            unknown = sorted(set(verdicts.lr_schedule) - set(self.trace.optimizers))
+            if unknown:
+                raise ValueError(f"lr_schedule= names {', '.join(map(repr, unknown))}, not an optimizer of the State "
+                                 f"(they are {', '.join(map(repr, self.trace.optimizers)) or 'none'})")
+
+
+def _close(actual: float, expected: float) -> bool:
+    return math.isclose(actual, expected, rel_tol=LR_RTOL, abs_tol=LR_ATOL)
+
+
+def judge_training(trace: TrainingTrace, config: dict[str, JsonValue], verdicts: Verdicts) -> TrainingResult:
+    judge = _Judge(trace, verdicts)
+    if verdicts.optimizer_verdicts and not trace.optimizers:
+        judge.unjudged.append(NO_OPTIMIZER)
+    found = [Violation("nonfinite", f"parameters.{trace.initial_nonfinite[0]}", f"Right after setup(), "
+                       f"{len(trace.initial_nonfinite)} parameters hold an inf or a NaN: "
+                       f"{', '.join(trace.initial_nonfinite[:6])}.", step=0, expected="finite", cause="nonfinite")
+             ] if trace.initial_nonfinite else []
+    for step in trace.steps:
+        found += judge.call(step)
+    violations = once_per_path(found)
+    violations += judge.loss()
+    judge.summary()
+    if verdicts.update_ratio is not None and verdicts.update_ratio[0] is not None:
+        for optimizer, taken in judge.counts.items():
+            if taken == 0 and trace.steps:
+                violations.append(Violation(
+                    "update_too_small", f"{optimizer}.param_groups.0.update_ratio",
+                    f"Optimizer '{optimizer}' never stepped in {len(trace.steps)} calls of step(): its parameters were "
+                    "not updated at all. Call optimizer.step() (on the optimizer the State holds).",
+                    step=trace.steps[-1].step, expected=verdicts.update_ratio[0], actual=0.0, cause="update_too_small"))
+    outcome = Outcome.FAIL if violations else Outcome.ABSTAIN if judge.unjudged else Outcome.PASS
+    reason = "; ".join(judge.unjudged) if outcome is Outcome.ABSTAIN else None
+    return TrainingResult(outcome, violations, judge.notes, config, reason=reason, telemetry=trace.steps)
