@@ -19,5 +19,7 @@ EXIT_BOUND = 120
 def pytest_unconfigure(config: pytest.Config) -> None:
     # Nothing may keep the process from exiting (a child joined at exit, a thread, a fork server):
     # past the bound, every thread's stack is printed and the process exits with status 1, instead
-    # of hanging the run that called it.
-    faulthandler.dump_traceback_later(EXIT_BOUND, exit=True, file=sys.__stderr__)
+    # of hanging the run that called it. Not in an xdist worker: it waits there, by design, until the
+    # controller (which has this bound) is done with the other workers.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        faulthandler.dump_traceback_later(EXIT_BOUND, exit=True, file=sys.__stderr__)
