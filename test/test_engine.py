@@ -11,6 +11,7 @@ import resume_recipes
 from process_helpers import still_running
 
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
+from trainparity._process._launchers import warm_up
 from trainparity._process._options import Deadline
 
 IDENTITY = "resume_recipes:report_identity"
@@ -111,3 +112,33 @@ def test_fork_server_exits_when_its_parent_dies_during_warm_up() -> None:
     assert still_running([server], grace=5.0) == []
 
 
+
+
+def churn_frames(payload: object, workdir: object) -> dict[str, object]:
+    """Engine task: push and pop frames without end, in this thread and in short-lived others."""
+    import threading
+
+    def deep(n: int) -> int:
+        return 0 if n == 0 else deep(n - 1) + 1
+
+    while True:
+        thread = threading.Thread(target=deep, args=(50,))
+        thread.start()
+        for _ in range(100):
+            deep(50)
+        thread.join()
+
+
+@pytest.mark.parametrize("isolation", ["process", "spawn"])
+def test_the_stacks_dumped_before_the_kill_never_crash_the_child(isolation: str) -> None:
+    # faulthandler's watchdog read the frames of running threads and could crash the child just before its
+    # deadline: a hang reported as a SIGSEGV. Frames pushed and popped without end are the worst case.
+    warm_up()  # the deadline is the children's, not the fork server's start
+    outcomes = run_jobs([Job("test_engine:churn_frames", None, f"churn {i}") for i in range(2)],
+                        deadline=Deadline.after(8), isolation=isolation, concurrency=2)
+    for outcome in outcomes:
+        assert outcome.error is not None and outcome.error.kind in ("timeout", "abandoned"), outcome.error
+    stacks = [o.error.traceback for o in outcomes if o.error is not None and o.error.kind == "timeout"]
+    assert stacks and all(s is not None and "in churn_frames" in s for s in stacks), stacks
+    assert not any("threading.py" in (s or "") and "in _bootstrap" in (s or "") and "in wait" in (s or "")
+                   for s in stacks), stacks  # the dumping thread is not the user's

@@ -22,10 +22,11 @@ import os
 import pathlib
 import pickle
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from trainparity._process import _wire as wire
 from trainparity._process._tree import JOB_MARKER
@@ -138,7 +139,7 @@ def run_request(data: bytes) -> int:
     workdir = pathlib.Path(request.workdir)
     stacks = open(workdir / STACKS_FILE, "w")  # noqa: SIM115 - open until the process ends
     faulthandler.enable(stacks, all_threads=True)
-    faulthandler.dump_traceback_later(max(request.dump_stacks_at - time.monotonic(), 0.01), file=stacks)
+    cancel_dump = _dump_stacks_at(request.dump_stacks_at, stacks)
     try:
         output = load_task(request.task)(request.payload, workdir)
         wire.dump(output, workdir / RESULT_FILE)
@@ -146,8 +147,37 @@ def run_request(data: bytes) -> int:
         wire.dump(error_record(error), workdir / ERROR_FILE)
         return RAISED_EXIT
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        cancel_dump()
     return 0
+
+
+def _dump_stacks_at(when: float, stacks: TextIO) -> Callable[[], None]:
+    """Dump every thread's stack to `stacks` at `time.monotonic()` `when`; returns what cancels the dump.
+
+    The dump runs in a Python thread, holding the GIL, so no other thread's frames change under it:
+    faulthandler's own watchdog (`dump_traceback_later`) reads them while they run and can crash the
+    child with SIGSEGV (CPython issues 140815 and 131580), which turned hangs into false crashes. A
+    thread that never releases the GIL therefore gets no dump; its kill is reported all the same.
+    """
+    cancelled = threading.Event()
+    thread = threading.Thread(target=_dump_stacks_when_due, args=(when, cancelled, stacks),
+                              name="trainparity-stacks", daemon=True)
+    thread.start()
+
+    def cancel() -> None:
+        cancelled.set()
+        thread.join()
+
+    return cancel
+
+
+def _dump_stacks_when_due(when: float, cancelled: threading.Event, stacks: TextIO) -> None:
+    if not cancelled.wait(max(when - time.monotonic(), 0.0)):
+        faulthandler.dump_traceback(stacks, all_threads=True)
+
+
+#: the dumping thread's own stack is left out of reports by this name
+STACKS_DUMPER = _dump_stacks_when_due.__name__
 
 
 def main() -> None:

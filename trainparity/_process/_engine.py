@@ -45,6 +45,7 @@ from trainparity._process._child import (
     JOB_DIRECTORY,
     RAISED_EXIT,
     RESULT_FILE,
+    STACKS_DUMPER,
     STACKS_FILE,
     Request,
     engine_frame,
@@ -276,6 +277,8 @@ def user_stacks(workdir: pathlib.Path) -> str | None:
         return None
     threads = []
     for block in text.strip().split("\n\n"):
+        if f" in {STACKS_DUMPER}" in block:
+            continue
         frames = [line.strip() for line in block.splitlines()
                   if (match := _DUMP_FRAME.match(line)) and not engine_frame(match["file"])]
         if frames:
