@@ -16,6 +16,8 @@ from torch import nn
 import trainparity as tp
 from trainparity._cli import main
 
+pytestmark = pytest.mark.numeric
+
 TOL = recipes.TOLERANCE
 
 

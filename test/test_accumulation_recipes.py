@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,6 +18,8 @@ from torch.nn.utils import clip_grad_norm_
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)
 #: States built by recipes that record them (hook-removal tests inspect them after the check)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import pytest
 import test_accumulation_recipes as recipes
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 
 def report(recipe: Any, **kwargs: Any) -> str:

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import trainparity as tp
 
+pytestmark = pytest.mark.numeric
+
 
 @dataclasses.dataclass
 class Batch:

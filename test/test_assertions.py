@@ -17,6 +17,8 @@ import pytest
 import trainparity as tp
 from trainparity._process import _session
 
+pytestmark = pytest.mark.numeric
+
 HERE = pathlib.Path(__file__).parent
 FAILING = {0: [[0, 1]], 1: [[1, 2]]}  # sample 1 twice, sample 3 never
 UNIVERSE = tp.ExactlyOnce(range(4))

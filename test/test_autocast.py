@@ -18,7 +18,7 @@ from trainparity._observe._autocast import AUTOCAST, AutocastUse, AutocastWatch
 from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._process._wire import dump, load
 
-pytestmark = pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")
+pytestmark = [pytest.mark.numeric, pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")]
 
 
 def at(function: Any, text: str) -> str:

@@ -15,6 +15,8 @@ import torch
 import trainparity as tp
 from trainparity._cli import build_parser, main
 
+pytestmark = pytest.mark.numeric
+
 HERE = pathlib.Path(__file__).parent
 
 

@@ -24,6 +24,8 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_snapshots
 from trainparity._state._snapshot import snapshot_state
 
+pytestmark = pytest.mark.numeric
+
 
 def mismatches(expected: Any, actual: Any, comparison: Comparison = EXACT, **entries: Any) -> list[Mismatch]:
     """How the State entry `extra` (beside `entries`) holding `expected` differs from one holding `actual`."""

@@ -14,12 +14,15 @@ import unittest
 from unittest import mock
 
 import numpy as np
+import pytest
 import torch
 from process_helpers import still_running
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, SequentialSampler
 
 import trainparity as tp
 from trainparity.strategies import IndexDataset
+
+pytestmark = pytest.mark.exact
 
 
 class Replayed(IterableDataset[int]):

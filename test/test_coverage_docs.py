@@ -10,7 +10,11 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
+
 from trainparity import strategies
+
+pytestmark = pytest.mark.exact
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "api.md"
 

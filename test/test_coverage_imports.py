@@ -9,7 +9,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import trainparity
+
+pytestmark = pytest.mark.exact
 
 ROOT = pathlib.Path(trainparity.__file__).resolve().parent
 PROBE = """

@@ -12,6 +12,8 @@ from hypothesis import example, given, settings
 
 import trainparity as tp
 
+pytestmark = pytest.mark.exact
+
 
 def one_by_one(batches: list[torch.Tensor]) -> Iterator[torch.Tensor]:
     yield from batches

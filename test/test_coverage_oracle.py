@@ -12,12 +12,15 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import trainparity as tp
 from trainparity._coverage import _audit
+
+pytestmark = pytest.mark.exact
 
 Row = tuple[str, int, int | None, int | None, Any, int | None]
 #: for a duplicate, where the message says the ID was seen first: (rank, position)

@@ -10,6 +10,7 @@ import unittest
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
@@ -18,6 +19,8 @@ import trainparity as tp
 from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 from trainparity.strategies import IndexDataset
+
+pytestmark = pytest.mark.exact
 
 WORLD = 2
 DATASET = 10

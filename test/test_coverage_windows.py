@@ -12,11 +12,14 @@ import pickle
 import unittest
 from collections.abc import Iterator
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 import trainparity as tp
 from trainparity.strategies import IndexDataset
+
+pytestmark = pytest.mark.exact
 
 SIZE, SEED, EPOCH, BATCH = 48, 7, 1, 3
 BEFORE, AFTER = 4, 2  # world sizes before and after the preemption

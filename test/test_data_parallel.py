@@ -24,6 +24,8 @@ import trainparity as tp
 from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 
+pytestmark = pytest.mark.numeric
+
 #: DDP reduces the batch in another order than one process: rounding-level differences are declared acceptable
 TOLERANCE = tp.ToleranceComparison(rtol=1e-4, atol=1e-6)
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "torchrun_coverage.py"

@@ -14,6 +14,8 @@ from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 from trainparity._state._compare import DIGESTS_DIFFER
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
 
+pytestmark = pytest.mark.numeric
+
 
 def test_equal_bytes_give_equal_digests_whatever_the_layout_and_thread_count() -> None:
     tensor = torch.randn(300, 301)

@@ -22,6 +22,8 @@ import pytest
 
 import trainparity as tp
 
+pytestmark = pytest.mark.numeric
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCUMENTS = ("docs/api.md", "README.md")
 FENCE = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)

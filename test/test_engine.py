@@ -14,6 +14,8 @@ from trainparity._process._engine import Job, JobOutcome, first_error, first_fai
 from trainparity._process._launchers import warm_up
 from trainparity._process._options import Deadline
 
+pytestmark = pytest.mark.exact
+
 IDENTITY = "resume_recipes:report_identity"
 
 

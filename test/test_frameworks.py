@@ -35,6 +35,7 @@ def check_script(script: str, resume_flag: str, *extra: str) -> tp.ResumeResult:
     return tp.check_resume_script(command, [*command, resume_flag], steps=6, resume_at=3, timeout=300, env=OFFLINE)
 
 
+@pytest.mark.exact
 @needs_lightning
 @pytest.mark.parametrize("accumulate", ["1", "2"])
 def test_a_lightning_fit_resumed_from_its_checkpoint_passes_and_says_the_rng_is_not_saved(accumulate: str) -> None:
@@ -47,6 +48,7 @@ def test_a_lightning_fit_resumed_from_its_checkpoint_passes_and_says_the_rng_is_
                for note in result.notes), result.notes
 
 
+@pytest.mark.exact
 @needs_lightning
 def test_a_callback_whose_state_is_not_loaded_is_named_with_its_attribute() -> None:
     result = check_script("lightning_train.py", "--resume", "--fault", "callback_state_lost")
@@ -56,6 +58,7 @@ def test_a_callback_whose_state_is_not_loaded_is_named_with_its_attribute() -> N
         "counter.batches", 3, "not_restored", 3, 0), result.report()
 
 
+@pytest.mark.numeric
 @needs_lightning
 def test_lightning_accumulating_two_batches_trains_like_one_batch_twice_as_large() -> None:
     """Lightning divides the loss by accumulate_grad_batches and steps inside optimizer.step(closure): the
@@ -67,6 +70,7 @@ def test_lightning_accumulating_two_batches_trains_like_one_batch_twice_as_large
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
 @needs_transformers
 @pytest.mark.parametrize("grad_accum", ["1", "2"])
 def test_a_hugging_face_trainer_resumed_from_its_checkpoint_passes(grad_accum: str) -> None:
@@ -78,6 +82,7 @@ def test_a_hugging_face_trainer_resumed_from_its_checkpoint_passes(grad_accum: s
     assert result.notes == [], result.notes
 
 
+@pytest.mark.exact
 @needs_transformers
 def test_a_hugging_face_resume_that_ignores_the_data_skip_replays_the_epoch() -> None:
     """With ignore_data_skip=True the resumed Trainer starts its epoch's sampler from the first batch again: the
@@ -97,6 +102,7 @@ HF_ACCUMULATED = [*HF_REFERENCE[:-1], "4", "--grad-accum", "2"]
 TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)  # float64: the order of the sums is all that differs
 
 
+@pytest.mark.numeric
 @needs_transformers
 def test_a_hugging_face_trainer_accumulating_variable_length_sequences_trains_like_the_whole_batch() -> None:
     """The Trainer counts the labelled tokens of all micro-batches of a step (num_items_in_batch) and
@@ -106,6 +112,7 @@ def test_a_hugging_face_trainer_accumulating_variable_length_sequences_trains_li
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.numeric
 @needs_transformers
 def test_a_per_micro_batch_token_mean_under_accumulation_is_found_at_the_first_step() -> None:
     """A model that does not take num_items_in_batch (accepts_loss_kwargs = False) averages each
@@ -120,6 +127,7 @@ def test_a_per_micro_batch_token_mean_under_accumulation_is_found_at_the_first_s
     assert any(v.kind == "gradient_mismatch" and v.step == 1 for v in result.violations), result.report()
 
 
+@pytest.mark.exact
 @needs_safetensors
 def test_a_checkpoint_written_only_with_safetensors_is_seen() -> None:
     """save_model and save_file, the functions behind `save_pretrained`'s model.safetensors, mark the
@@ -131,6 +139,7 @@ def test_a_checkpoint_written_only_with_safetensors_is_seen() -> None:
 # -- Hugging Face Accelerate: accelerator.save_state / load_state, skip_first_batches ---------------------------
 
 
+@pytest.mark.exact
 @needs_accelerate
 @pytest.mark.parametrize("grad_accum", ["1", "2"])
 def test_an_accelerate_script_resumed_with_load_state_and_skip_first_batches_passes(grad_accum: str) -> None:
@@ -138,6 +147,7 @@ def test_an_accelerate_script_resumed_with_load_state_and_skip_first_batches_pas
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
 @needs_accelerate
 def test_a_scheduler_accelerate_never_prepared_is_named_with_what_save_state_holds() -> None:
     result = check_script("accelerate_train.py", "--resume", "--fault", "scheduler_not_prepared")
@@ -147,6 +157,7 @@ def test_a_scheduler_accelerate_never_prepared_is_named_with_what_save_state_hol
     assert "accelerator.save_state does not save scheduler: it is neither prepared" in first.message
 
 
+@pytest.mark.exact
 @needs_accelerate
 @pytest.mark.parametrize("extra", [["--fault", "batches_not_skipped"],
                                    ["--grad_accum", "2", "--fault", "skip_counts_optimizer_steps"],
@@ -164,6 +175,7 @@ def test_an_accelerate_resume_on_other_batches_leads_with_the_data(extra: list[s
 ACCELERATE = [sys.executable, str(SCRIPTS / "accelerate_train.py"), "--out_dir", "{workdir}"]
 
 
+@pytest.mark.numeric
 @needs_accelerate
 @pytest.mark.parametrize(("fault", "cause"), [("none", None), ("loss_divided_twice", "loss_scaled_twice")])
 def test_accelerate_accumulation_trains_like_the_whole_batch_unless_the_loss_is_divided_twice(
@@ -182,6 +194,7 @@ def test_accelerate_accumulation_trains_like_the_whole_batch_unless_the_loss_is_
 # -- PyTorch-Ignite: Checkpoint(to_save), Checkpoint.load_objects, trainer.run ------------------------------------
 
 
+@pytest.mark.exact
 @needs_ignite
 @pytest.mark.parametrize("dropout", ["0", "0.2"])
 def test_an_ignite_deterministic_engine_resumed_with_load_objects_passes(dropout: str) -> None:
@@ -192,6 +205,7 @@ def test_an_ignite_deterministic_engine_resumed_with_load_objects_passes(dropout
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
 @needs_ignite
 def test_an_ignite_trainer_missing_from_to_save_replays_the_epoch_and_is_named() -> None:
     result = check_script("ignite_train.py", "--resume", "--fault", "trainer_not_saved")
@@ -201,6 +215,7 @@ def test_an_ignite_trainer_missing_from_to_save_replays_the_epoch_and_is_named()
     assert "Ignite's Checkpoint does not save the trainer Engine" in first.message
 
 
+@pytest.mark.exact
 @needs_ignite
 def test_an_ignite_scheduler_missing_from_to_save_is_named_with_the_keys_it_has() -> None:
     result = check_script("ignite_train.py", "--resume", "--fault", "scheduler_not_saved")
@@ -210,6 +225,7 @@ def test_an_ignite_scheduler_missing_from_to_save_is_named_with_the_keys_it_has(
     assert "its to_save has the keys 'trainer', 'model', 'optimizer'" in first.message
 
 
+@pytest.mark.exact
 @needs_ignite
 def test_a_plain_ignite_engine_holds_no_rng_and_dropout_draws_a_fresh_start_s_stream() -> None:
     result = check_script("ignite_train.py", "--resume", "--engine", "plain", "--dropout", "0.2")
@@ -221,6 +237,7 @@ def test_a_plain_ignite_engine_holds_no_rng_and_dropout_draws_a_fresh_start_s_st
 IGNITE = [sys.executable, str(SCRIPTS / "ignite_train.py"), "--out_dir", "{workdir}"]
 
 
+@pytest.mark.exact
 @needs_ignite
 @pytest.mark.parametrize(("extra", "passes"), [(["--engine", "plain"], True),
                                                (["--scheduler_event", "completed"], False)])

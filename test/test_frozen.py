@@ -17,6 +17,8 @@ from trainparity._preflight._frozen import FrozenTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
 
+pytestmark = pytest.mark.numeric
+
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:
     return [(v.kind, v.path, v.step, v.cause) for v in result.violations]

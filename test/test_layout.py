@@ -9,7 +9,11 @@ from __future__ import annotations
 import ast
 import pathlib
 
+import pytest
+
 import trainparity
+
+pytestmark = pytest.mark.exact
 
 PACKAGE = pathlib.Path(trainparity.__file__).resolve().parent
 #: the public faces and the one-concept modules that stand at the top of the package
@@ -110,3 +114,11 @@ def test_no_file_is_longer_than_a_reader_can_hold() -> None:
     long = {str(path.relative_to(PACKAGE)): length for path in PACKAGE.rglob("*.py")
             if (length := len(path.read_text().splitlines())) > MOST_LINES}
     assert long == {}
+
+
+def test_every_test_says_whether_its_verdict_depends_on_rounding(request: pytest.FixtureRequest) -> None:
+    # CI runs the `numeric` tests again under every forced instruction set: a test that says neither would
+    # never run there, however much its verdict depends on the kernels.
+    undeclared = [item.nodeid for item in request.session.items
+                  if (item.get_closest_marker("numeric") is None) == (item.get_closest_marker("exact") is None)]
+    assert not undeclared, f"mark each of these (or its module) pytest.mark.numeric or pytest.mark.exact: {undeclared}"

@@ -28,7 +28,8 @@ BOUND = 50 * 2**20
 WARM_UP, CHECKS = 3, 20
 STATUS = pathlib.Path("/proc/self/status")
 
-pytestmark = pytest.mark.skipif(not STATUS.exists(), reason="reads the resident set size from /proc/self/status")
+pytestmark = [pytest.mark.exact,
+              pytest.mark.skipif(not STATUS.exists(), reason="reads the resident set size from /proc/self/status")]
 
 
 class FewMegabytes(RegressionRecipe):

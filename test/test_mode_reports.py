@@ -4,8 +4,11 @@ the form users read and pin with expecttest. Mode switches are quoted with their
 from __future__ import annotations
 
 import mode_recipes as recipes
+import pytest
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 
 class TestFrozenReports(tp.TestCase):

@@ -12,6 +12,8 @@ import trainparity as tp
 from trainparity._parallel import _rank
 from trainparity._parallel._rank import OutputRecorder
 
+pytestmark = pytest.mark.numeric
+
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fsdp2_trains_like_one_process(world_size: int) -> None:

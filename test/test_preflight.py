@@ -15,6 +15,8 @@ from trainparity._preflight._optimizer_coverage import CoverageTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
 
+pytestmark = pytest.mark.numeric
+
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:
     return [(v.kind, v.path, v.step, v.cause) for v in result.violations]

@@ -6,8 +6,11 @@ import warnings
 
 import autocast_recipes
 import preflight_recipes as recipes
+import pytest
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 
 class TestPreflightReports(tp.TestCase):

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import types
 
+import pytest
+
 import trainparity as tp
+
+pytestmark = pytest.mark.exact
 
 #: public names fixed by the contract (../shared/CONTRACT.md)
 CONTRACT_NAMES = {

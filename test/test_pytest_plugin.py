@@ -16,6 +16,8 @@ from process_helpers import running
 
 import trainparity as tp
 
+pytestmark = pytest.mark.numeric
+
 #: a user's test module: a recipe, and tests that report what the checks ran under
 USER_TESTS = '''
 import json

@@ -9,6 +9,8 @@ import trainparity as tp
 from trainparity._resume._ranks import align, merge_ranks, replicated_paths
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
 
+pytestmark = pytest.mark.exact
+
 
 def _rank(weight: float, position: int, ids: list[int | str], loss: float, rng: int,
           rank_local: tuple[str, ...] = ()) -> RunTrace:

@@ -16,6 +16,8 @@ from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._reference import RecipeRef, resolve_recipe
 from trainparity._recipe._spec import Spec, SpecError, parse_spec
 
+pytestmark = pytest.mark.exact
+
 HERE = pathlib.Path(__file__).resolve().parent
 RECIPE_SOURCE = '''
 import trainparity as tp

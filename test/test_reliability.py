@@ -27,6 +27,8 @@ import trainparity as tp
 from trainparity._process import _engine, _launchers, _wire
 from trainparity._process._child import RESULT_FILE
 
+pytestmark = pytest.mark.numeric
+
 HERE = pathlib.Path(__file__).resolve().parent
 ISOLATIONS = ("process", "spawn")
 

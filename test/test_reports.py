@@ -14,6 +14,8 @@ import trainparity as tp
 from trainparity._results._report import ascii_text
 from trainparity._state._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
 
+pytestmark = pytest.mark.numeric
+
 
 def test_json_is_deterministic_and_complete() -> None:
     first = tp.check_resume(ResumeRecipe(fault="scheduler"), steps=4, resume_at=2, timeout=60)

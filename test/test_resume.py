@@ -16,6 +16,8 @@ from resume_recipes import ResumeRecipe
 
 import trainparity as tp
 
+pytestmark = pytest.mark.exact
+
 #: fault -> (outcome, first violation path, cause)
 FAULTS: dict[str, tuple[tp.Outcome, str, str | None]] = {
     "model": (tp.Outcome.FAIL, "model.body.weight", "not_restored"),

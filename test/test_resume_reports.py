@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 
 def report(fault: str, **kwargs: object) -> str:

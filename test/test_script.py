@@ -23,12 +23,14 @@ def check(fault: str = "none", *extra: str, steps: int = 6) -> tp.ResumeResult:
     return check_resume_script(command, [*command, "--init_from", "resume"], steps=steps, resume_at=3, timeout=120)
 
 
+@pytest.mark.exact
 def test_a_script_that_resumes_exactly_passes_and_says_which_streams_it_never_seeds() -> None:
     result = check()
     assert result.outcome is tp.Outcome.PASS, result.report()
     assert any(note.startswith("not compared: rng.numpy, rng.python") for note in result.notes), result.notes
 
 
+@pytest.mark.exact
 def test_an_rng_the_checkpoint_never_held_is_not_restored_a_fresh_start_s_stream() -> None:
     """nanoGPT's train.py seeds again on resume and saves no RNG: the resumed stream is a fresh start's, the first
     cause, and the batches it draws replay the first ones."""
@@ -41,6 +43,7 @@ def test_an_rng_the_checkpoint_never_held_is_not_restored_a_fresh_start_s_stream
     assert (data.step, data.cause) == (4, "data_replayed"), result.report()
 
 
+@pytest.mark.exact
 def test_a_prefetched_batch_lost_leads_with_the_data_and_the_restored_rng_explains_it() -> None:
     """The RNG was restored right; the batch prefetched before the save was not kept, so the first batch drawn
     after the resume is the next one: the data is what to fix, and the RNG's difference is that draw."""
@@ -53,6 +56,7 @@ def test_a_prefetched_batch_lost_leads_with_the_data_and_the_restored_rng_explai
     assert (rng.step, rng.cause) == (4, None), result.report()
 
 
+@pytest.mark.exact
 def test_evaluating_again_after_the_resume_draws_the_random_batches_twice() -> None:
     result = check("eval_again")
     first = result.first_violation
@@ -60,6 +64,7 @@ def test_evaluating_again_after_the_resume_draws_the_random_batches_twice() -> N
     assert (first.path, first.kind, first.step) == ("rng.torch", "rng_mismatch", 4), result.report()
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("fault", ["none", "rng_not_saved"])
 def test_a_checkpoint_of_several_files_is_written_whole_before_the_run_ends(fault: str) -> None:
     """The model and optimizer go to a DCP checkpoint, then the RNG state and batch to a second file:
@@ -73,6 +78,7 @@ def test_a_checkpoint_of_several_files_is_written_whole_before_the_run_ends(faul
         assert (first.path, first.step) == ("rng.torch", 4), result.report()
 
 
+@pytest.mark.exact
 def test_a_save_function_is_observed_from_the_moment_the_script_imports_its_module(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "checkpointing_library.py").write_text("def save(path):\n    open(path, 'w').close()\n")
@@ -87,6 +93,7 @@ def test_a_save_function_is_observed_from_the_moment_the_script_imports_its_modu
     monkeypatch.delitem(sys.modules, "checkpointing_library")
 
 
+@pytest.mark.exact
 def test_a_script_that_writes_no_checkpoint_in_time_is_an_error() -> None:
     result = check("none", "--eval_interval", "100")
     assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
@@ -94,6 +101,7 @@ def test_a_script_that_writes_no_checkpoint_in_time_is_an_error() -> None:
             "optimizer step 3") in result.error.message
 
 
+@pytest.mark.exact
 def test_a_script_that_stops_too_early_or_raises_is_an_error() -> None:
     early = check("none", "--max_iters", "4", steps=6)
     assert early.outcome is tp.Outcome.ERROR and early.error is not None, early.report()
@@ -103,6 +111,7 @@ def test_a_script_that_stops_too_early_or_raises_is_an_error() -> None:
     assert raised.error.kind == "died" and raised.error.exitcode == 2  # argparse's usage error
 
 
+@pytest.mark.exact
 def test_the_probe_does_nothing_outside_a_check() -> None:
     assert _hook.RECORDER is None
     probe.sample_ids([1, 2, 3])
@@ -110,6 +119,7 @@ def test_the_probe_does_nothing_outside_a_check() -> None:
     assert _hook.RECORDER is None
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(("arguments", "error"), [
     ({"command": "", "resume_command": "python x.py"}, ValueError),
     ({"command": 3, "resume_command": "python x.py"}, TypeError),
@@ -121,6 +131,7 @@ def test_bad_arguments_are_refused_at_the_call(arguments: dict[str, object], err
         check_resume_script(**arguments)  # type: ignore[arg-type]
 
 
+@pytest.mark.exact
 def test_the_command_line_form_exits_1_on_a_fail() -> None:
     command = f"{sys.executable} {SCRIPT} --out_dir {{workdir}} --fault prefetch_lost"
     done = subprocess.run([sys.executable, "-m", "trainparity", "resume-script", "--steps", "6", "--resume-at", "3",
@@ -136,11 +147,13 @@ ACCUMULATED = [*REFERENCE[:-1], "2", "--grad_accum", "2"]
 TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)  # float64: the order of the sums is all that differs
 
 
+@pytest.mark.numeric
 def test_accumulating_two_micro_batches_trains_like_the_whole_batch() -> None:
     result = tp.check_runs_equivalent(REFERENCE, ACCUMULATED, steps=3, comparison=TOLERANCE, timeout=120)
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.numeric
 def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
     result = tp.check_runs_equivalent(REFERENCE, [*ACCUMULATED, "--fault", "loss_not_scaled"], steps=3,
                                       comparison=TOLERANCE, timeout=120)
@@ -150,6 +163,7 @@ def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
     assert {v.cause for v in result.violations if v.step == 1} == {"loss_not_scaled"}
 
 
+@pytest.mark.numeric
 def test_equivalent_on_the_command_line_exits_1_on_a_fail() -> None:
     done = subprocess.run([sys.executable, "-m", "trainparity", "equivalent", "--steps", "2", "--rtol", "1e-9",
                            "--atol", "1e-12", "--reference", shlex.join(REFERENCE),
@@ -159,6 +173,7 @@ def test_equivalent_on_the_command_line_exits_1_on_a_fail() -> None:
     assert "cause: loss_not_scaled" in done.stdout
 
 
+@pytest.mark.exact
 def test_the_report_shows_the_values_of_tensors_compared_by_digest() -> None:
     # The weight (128 KiB) travels as a digest; the report's first divergence and the save/load
     # mismatches get their values by training those runs again.
@@ -174,6 +189,7 @@ def test_the_report_shows_the_values_of_tensors_compared_by_digest() -> None:
     assert not any("digest" in note for note in result.notes), result.notes
 
 
+@pytest.mark.exact
 def test_a_restored_tensor_known_by_its_digest_is_reported_with_its_values() -> None:
     """The weight the checkpoint lost is held, at the resumed run's first backward, against the baseline's at the
     same point: both are digests (128 KiB), and the report shows their values."""
@@ -194,6 +210,7 @@ def loop_shape(shape: str, fault: str = "none", steps: int = 6, resume_at: int =
     return check_resume_script(command, [*command, "--resume"], steps=steps, resume_at=resume_at, timeout=120)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("shape", ["top", "bottom", "epoch", "callback"])
 def test_code_between_the_load_and_the_first_step_is_held_against_the_same_code_uninterrupted(shape: str) -> None:
     """A scheduler at the top of the iteration (Ignite's LRScheduler handler), or a callback that sets the learning
@@ -203,6 +220,7 @@ def test_code_between_the_load_and_the_first_step_is_held_against_the_same_code_
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(("shape", "path", "resume_at"), [
     ("top", "scheduler.last_epoch", 3), ("epoch", "scheduler.last_epoch", 6), ("callback", "callback.seen", 3),
 ])

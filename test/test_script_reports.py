@@ -5,7 +5,11 @@ from __future__ import annotations
 import pathlib
 import sys
 
+import pytest
+
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"
 

@@ -13,6 +13,8 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, compare_snapshots
 from trainparity._state._snapshot import snapshot_rng, snapshot_state
 
+pytestmark = pytest.mark.numeric
+
 
 class Counter:
     """A user object without state_dict(): its public plain attributes and generators are state."""

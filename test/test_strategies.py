@@ -7,12 +7,15 @@ import sys
 import unittest
 
 import hypothesis
+import pytest
 import torch
 from hypothesis import HealthCheck, example, find, given, settings
 
 import trainparity as tp
 from trainparity import strategies as tps
 from trainparity.strategies import SamplerConfig
+
+pytestmark = pytest.mark.exact
 
 
 def config(n: int, world: int, *, drop_last: bool = False, shuffle: bool = False, batch_size: int = 1,

@@ -25,6 +25,8 @@ from trainparity._state._compare import EXACT, Comparison, Snapshot, compare_sna
 from trainparity._state._precision import FLOAT64_TOLERANCE
 from trainparity._state._snapshot import Digesting, key_text, snapshot_from_wire, snapshot_state, snapshot_to_wire
 
+pytestmark = pytest.mark.numeric
+
 #: the comparisons the checks use: exact (resume, scripts), float64's tolerance (accumulation, parallel), a
 #: user's declared one
 COMPARISONS: list[Comparison] = [EXACT, FLOAT64_TOLERANCE, tp.ToleranceComparison(rtol=1e-3, atol=1e-3)]

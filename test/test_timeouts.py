@@ -31,6 +31,8 @@ from worker_datasets import numbers
 import trainparity as tp
 from trainparity._process import _launchers
 
+pytestmark = pytest.mark.exact
+
 #: what a check may take past its timeout
 MARGIN = 2.0
 #: timeouts short enough to keep the file fast, long enough for a warm fork server (or a spawned

@@ -19,7 +19,7 @@ from trainparity._recipe._recipe import batch_iterator
 from trainparity._state._rng import seed_everything
 
 # The faulted recipes step their scheduler before their optimizer on purpose; torch warns about it.
-pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")
+pytestmark = [pytest.mark.numeric, pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")]
 HEALTHY: dict[str, Any] = {"max_grad_norm": 20.0, "update_ratio": True, "max_skipped_steps": 0,
                            "lr_schedule": recipes.learning_rate}
 

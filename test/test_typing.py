@@ -7,6 +7,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.exact
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 MISTAKES = '''

@@ -10,6 +10,8 @@ import torch
 
 from trainparity._process import _wire as wire
 
+pytestmark = pytest.mark.exact
+
 
 def test_round_trip(tmp_path: pathlib.Path) -> None:
     value = {

@@ -19,6 +19,8 @@ import trainparity as tp
 from trainparity._process import _session
 from trainparity._workers._streams import digest, global_states, reachable_streams, snapshot, stream_kind
 
+pytestmark = pytest.mark.exact
+
 
 def first(result: tp.Result) -> tuple[str, str, int | None, int | None]:
     violation = result.first_violation

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import worker_datasets as datasets
 from worker_datasets import augment
 
 import trainparity as tp
+
+pytestmark = pytest.mark.numeric
 
 
 class TestWorkerRandomnessReports(tp.TestCase):
