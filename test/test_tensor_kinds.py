@@ -125,7 +125,9 @@ def changed_value(value: Any) -> Any:
     if isinstance(value, bool):
         return not value
     if isinstance(value, int):
-        return value ^ 1  # inside int64's range if it was (a list of such numbers is one tensor), outside if not
+        # -value - 1: inside int64's range if it was (a list of such numbers is one tensor), outside if not, and
+        # far from it under every tolerance (value ^ 1 is not: 998 and 999 are close under rtol=1e-3)
+        return ~value
     if isinstance(value, float):
         return value + 1 + abs(value) if math.isfinite(value) and abs(value) < 1e300 else 0.5
     return "none" if value is None else f"{value}x"  # no number: a list of numbers is one tensor leaf
@@ -188,6 +190,7 @@ def expected_path(plan: Any, leaf_path: str) -> str:
 @example(plan=("cycle", [("tensor", ("empty", 0))]), choice=0)
 @example(plan=("dict", {(0, "q"): ("tensor", ("nested", 1)), 1: ("value", 2**70)}), choice=0)
 @example(plan=("list", [("value", 2**70), ("value", 1)]), choice=1)
+@example(plan=("list", [("value", 998), ("value", 0.0)]), choice=0)
 def test_generated_states_compare_equal_and_differ_at_the_changed_path(plan: Any, choice: int,
                                                                       tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp_path = tmp_path_factory.mktemp("wire")
