@@ -33,8 +33,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 SIZE, CLASSES, COUNT, BATCH = 8, 4, 64, 8
-FAULTS = ("generator_built_in_init", "torch_generator_not_reseeded", "numpy_seeded_in_worker_init",
-          "python_seeded_in_worker_init", "persistent_epoch_seed")
+#: the faults of the map-style loader (`loader`), and of the streaming one (`stream_loader`)
+LOADER_FAULTS = ("generator_built_in_init", "torch_generator_not_reseeded", "numpy_seeded_in_worker_init",
+                 "python_seeded_in_worker_init")
+STREAM_FAULTS = ("persistent_epoch_seed",)
+FAULTS = LOADER_FAULTS + STREAM_FAULTS
 
 
 def _images() -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,8 +130,9 @@ class SeedWorker:
 
 def loader(fault: str | None = None, num_workers: int = 2) -> DataLoader[tuple[int, torch.Tensor, int]]:
     """The training loader: shuffled, 2 workers, each worker's generators seeded by `SeedWorker`."""
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+    if fault is not None and fault not in LOADER_FAULTS:
+        raise ValueError(f"loader() has no fault {fault!r}; its faults are {LOADER_FAULTS} "
+                         f"(stream_loader()'s: {STREAM_FAULTS})")
     init = None if fault == "generator_built_in_init" else SeedWorker(fault)
     return DataLoader(AugmentedImages(), batch_size=BATCH, shuffle=True, num_workers=num_workers, worker_init_fn=init,
                       generator=torch.Generator().manual_seed(0))
@@ -157,8 +161,9 @@ class AugmentedStream(IterableDataset[tuple[int, torch.Tensor, int]]):
 
 def stream_loader(fault: str | None = None) -> DataLoader[tuple[int, torch.Tensor, int]]:
     """The streaming loader: 2 workers, fresh each epoch (`persistent_workers=True` under the fault)."""
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
+    if fault is not None and fault not in STREAM_FAULTS:
+        raise ValueError(f"stream_loader() has no fault {fault!r}; its faults are {STREAM_FAULTS} "
+                         f"(loader()'s: {LOADER_FAULTS})")
     return DataLoader(AugmentedStream(), batch_size=BATCH, num_workers=2,
                       persistent_workers=fault == "persistent_epoch_seed")
 

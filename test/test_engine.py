@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import pathlib
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 import resume_recipes
 from process_helpers import still_running
 
-from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
+from trainparity._process._child import STACKS_DUMPER, STACKS_FILE, _dump_stacks_at, engine_frame
+from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, user_stacks
 from trainparity._process._launchers import warm_up
 from trainparity._process._options import Deadline
 
@@ -142,5 +146,21 @@ def test_the_stacks_dumped_before_the_kill_never_crash_the_child(isolation: str)
         assert outcome.error is not None and outcome.error.kind in ("timeout", "abandoned"), outcome.error
     stacks = [o.error.traceback for o in outcomes if o.error is not None and o.error.kind == "timeout"]
     assert stacks and all(s is not None and "in churn_frames" in s for s in stacks), stacks
-    assert not any("threading.py" in (s or "") and "in _bootstrap" in (s or "") and "in wait" in (s or "")
-                   for s in stacks), stacks  # the dumping thread is not the user's
+
+
+def test_the_thread_that_dumps_the_stacks_is_left_out_of_the_report(tmp_path: pathlib.Path) -> None:
+    with open(tmp_path / STACKS_FILE, "w") as stacks:
+        cancel = _dump_stacks_at(time.monotonic(), stacks)
+        deadline = time.monotonic() + 30
+        while not (tmp_path / STACKS_FILE).stat().st_size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        cancel()
+    blocks = (tmp_path / STACKS_FILE).read_text().strip().split("\n\n")
+    dumper = [block for block in blocks if f" in {STACKS_DUMPER}" in block]
+    assert len(dumper) == 1, blocks
+    # what the dumper's block would add to the report: its frames outside trainparity (threading.py's)
+    added = "\n".join("  " + line.strip() for line in dumper[0].splitlines()
+                      if (frame := re.match(r'\s*File "([^"]*)"', line)) and not engine_frame(frame[1]))
+    reported = user_stacks(tmp_path)
+    assert reported is not None and "in test_the_thread_that_dumps_the_stacks_is_left_out_of_the_report" in reported
+    assert added and added not in reported.split("\n", 1)[1].split("\n  (another thread)\n"), reported

@@ -54,7 +54,15 @@ def test_each_fault_fails_naming_its_stream(fault: str, expected: tuple[str, str
     result = tp.check_worker_randomness(datasets.augmented(fault))
     assert result.outcome is tp.Outcome.FAIL
     assert first(result) == expected
-    assert result.first_violation is not None and result.first_violation.cause == expected[1]
+    assert_no_workers_left()
+
+
+def test_a_generator_set_epoch_builds_in_this_process_is_said_to_be_copied() -> None:
+    # The check reads this process's streams after set_epoch, as the workers are about to copy them.
+    result = tp.check_worker_randomness(DataLoader(datasets.EpochGenerator(), batch_size=4, num_workers=2), epochs=1)
+    first = result.first_violation
+    assert first is not None and (first.path, first.kind) == ("dataset.rng", "worker_rng_shared"), result.report()
+    assert "It is copied into every worker as it is in this process" in first.message, first.message
     assert_no_workers_left()
 
 

@@ -78,3 +78,19 @@ def seeded_numpy_in_init(worker_id: int) -> None:
 
 def torch_seeded_in_init(worker_id: int) -> None:
     torch.manual_seed(0)
+
+
+class EpochGenerator(Dataset[float]):
+    """set_epoch builds the epoch's generator in this process, from a constant: the workers each get a copy."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.rng = np.random.default_rng(1000 + epoch)
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int) -> float:
+        return index + float(self.rng.random())

@@ -172,6 +172,8 @@ def optimizer_coverage(fault: str | None = None) -> Callable[[], tp.Result]:
 
 def train_mode(fault: str | None = None) -> Callable[[], tp.Result]:
     return lambda: tp.check_train_mode(finetune.FineTune(fault), eval_modules=FINETUNE_IN_EVAL)
+
+
 def autocast(fault: str | None = None, **allowed: Any) -> Callable[[], tp.Result]:
     """The bfloat16 language model's mixed precision (its autocast coverage), 2 steps."""
     return lambda: tp.check_mixed_precision(autocast_lm.AutocastLM(fault=fault), steps=2, **allowed)

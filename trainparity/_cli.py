@@ -70,8 +70,9 @@ def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[s
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """What a command runs: a check on the object its spec names (a recipe check passes the spec itself on),
-    reported as `result_type`."""
+    """What a command runs: a check on the object its spec names (a recipe check passes the spec itself on; a
+    "function" spec is called with its arguments, and the check gets what it returns), reported as
+    `result_type`."""
 
     run: Callable[[argparse.Namespace, Spec, Any], Result]
     result_type: type[Result]
@@ -88,6 +89,13 @@ class Command:
             raise
         except Exception as error:  # noqa: BLE001 - the user's module raised (a SyntaxError included)
             return _errored(self.result_type, "import", error, {self.key: spec.text})
+        if self.key == "function":
+            if not callable(loaded):
+                raise UsageError(f"{spec.text!r} is not a function (got {type(loaded).__name__})")
+            try:
+                loaded = loaded(*spec.args, **spec.kwargs)
+            except Exception as error:  # noqa: BLE001 - the user's function raised
+                return _errored(self.result_type, f"{spec.qualname}()", error, {self.key: spec.text})
         return self.run(args, spec, loaded)
 
 
@@ -204,15 +212,9 @@ def _run_training(args: argparse.Namespace, spec: Spec, _recipe: object) -> Resu
                           max_skipped_steps=args.max_skipped_steps)
 
 
-def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Result:
+def _run_coverage(args: argparse.Namespace, spec: Spec, returned: object) -> Result:
     from trainparity._coverage import check_coverage
 
-    if not callable(function):
-        raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
-    try:
-        returned = function(*spec.args, **spec.kwargs)
-    except Exception as error:  # noqa: BLE001 - the user's function raised
-        return _errored(CoverageResult, f"{spec.qualname}()", error, {"function": spec.text})
     if not (isinstance(returned, tuple) and len(returned) in (2, 3)):
         raise UsageError(f"{spec.text} must return (ranks, policy) or (ranks, policy, sample_ids), "
                          f"got {type(returned).__name__}")
@@ -221,15 +223,9 @@ def _run_coverage(args: argparse.Namespace, spec: Spec, function: object) -> Res
                           max_violations=args.max_violations, timeout=args.timeout)
 
 
-def _run_worker_randomness(args: argparse.Namespace, spec: Spec, function: object) -> Result:
+def _run_worker_randomness(args: argparse.Namespace, spec: Spec, loader: Any) -> Result:
     from trainparity._workers import check_worker_randomness
 
-    if not callable(function):
-        raise UsageError(f"{spec.text!r} is not a function (got {type(function).__name__})")
-    try:
-        loader = function(*spec.args, **spec.kwargs)
-    except Exception as error:  # noqa: BLE001 - the user's function raised
-        return _errored(WorkerRandomnessResult, f"{spec.qualname}()", error, {"function": spec.text})
     return check_worker_randomness(loader, epochs=args.epochs, batches=args.batches, timeout=args.timeout)
 
 

@@ -19,12 +19,12 @@ from benchmarks._timing import ROOT, machine, seconds
 def _iterate(make: Callable[[], Any], epochs: int) -> Callable[[], None]:
     """What a training loop does with the loader, without training: set_epoch, then every batch."""
 
+    from trainparity._recipe._recipe import set_loader_epoch
+
     def iterate() -> None:
         loader = make()
         for epoch in range(epochs):
-            set_epoch = getattr(loader.dataset, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
+            set_loader_epoch(loader, epoch)  # as the check does
             for _ in loader:
                 pass
 

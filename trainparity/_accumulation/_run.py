@@ -119,13 +119,13 @@ def _observe_window(
         _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
         calls.append(call)
     parameters: Snapshot = {}
-    for name, parameter in observer.parameters():
-        flatten(f"parameters.{name}", parameter, parameters,
-                sharing=None if expected is None else Sharing(expected.parameters, payload.comparison))
+    shared = None if expected is None else Sharing(expected.parameters, payload.comparison)
+    for parameter_name, parameter in observer.parameters():
+        flatten(f"parameters.{parameter_name}", parameter, parameters, sharing=shared)
     optimizers: Snapshot = {}
+    shared = None if expected is None else Sharing(expected.optimizers, payload.comparison)
     for entry, optimizer in observer.optimizers.items():
-        flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers,
-                sharing=None if expected is None else Sharing(expected.optimizers, payload.comparison))
+        flatten(entry, optimizer_named_state_dict(optimizer, observer.names), optimizers, sharing=shared)
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
         flatten(entry, state_dict(scheduler), schedulers)

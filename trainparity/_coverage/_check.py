@@ -111,10 +111,10 @@ def check_coverage(
         with contextlib.nullcontext() if deadline is None else interrupted_at(deadline):
             observations = collect(windows, sample_ids)
     except UserCodeFailed as failure:
-        return failure.result(config)
+        return failure.result(config, CoverageResult)
     except ReadingTimedOut as late:
         assert deadline is not None
-        return late.result(config, deadline)
+        return late.result(config, deadline, CoverageResult)
     findings, coded = audit(observations, plan)
     limit = DEFAULT_MAX_VIOLATIONS if max_violations is None else max_violations
     violations = _violations(findings, observations, coded, plan.universe, limit)

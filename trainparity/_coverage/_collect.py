@@ -29,7 +29,7 @@ from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
 from trainparity._process._alarm import DeadlinePassed
 from trainparity._process._options import Deadline
-from trainparity._results._result import CoverageResult, Result
+from trainparity._results._result import Result
 from trainparity._results._violation import ChildError, JsonValue
 
 Window = tuple[int, Mapping[int, Any]]
@@ -48,7 +48,7 @@ class UserCodeFailed(Exception):
         super().__init__(phase)
         self.error, self.phase, self.rank = error, phase, rank
 
-    def result(self, config: dict[str, JsonValue], result_type: type[R] = CoverageResult) -> R:  # type: ignore[assignment]
+    def result(self, config: dict[str, JsonValue], result_type: type[R]) -> R:
         # Imported here: the child's error records stand on the report and comparison modules, which the
         # coverage package does not otherwise need (test/test_coverage_imports.py).
         from trainparity._process._child import error_record
@@ -66,8 +66,7 @@ class ReadingTimedOut(Exception):
         self.stack, self.phase, self.rank = interruption.stack(), phase, rank
         release_frames(interruption)
 
-    def result(self, config: dict[str, JsonValue], deadline: Deadline,
-               result_type: type[R] = CoverageResult) -> R:  # type: ignore[assignment]
+    def result(self, config: dict[str, JsonValue], deadline: Deadline, result_type: type[R]) -> R:
         error = ChildError("timeout", self.phase, f"did not finish reading within {deadline.describe()}: the "
                            "iterable was interrupted there", traceback=self.stack, rank=self.rank)
         return result_type.errored(error, config)

@@ -112,6 +112,15 @@ def set_sampler_epoch(source: object, epoch: int) -> None:
             return
 
 
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """`set_sampler_epoch`, then `set_epoch(epoch)` on the loader's dataset where it has one, as a training loop
+    over a DataLoader whose dataset draws per epoch does."""
+    set_sampler_epoch(loader, epoch)
+    set_epoch = getattr(getattr(loader, "dataset", None), "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
 def _epochs(loader: Any) -> Iterator[Any]:
     epoch = 0
     while True:

@@ -128,6 +128,8 @@ class FrozenResult(Result):
 class TrainModeResult(Result):
     check: ClassVar[str] = "train_mode"
     assertion: ClassVar[str] = "tp.assert_train_mode"
+
+
 class WorkerRandomnessResult(Result):
     check: ClassVar[str] = "worker_randomness"
     assertion: ClassVar[str] = "tp.assert_worker_randomness"

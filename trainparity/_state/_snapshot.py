@@ -101,7 +101,7 @@ def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = 
 
 
 def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str],
-             sharing: Sharing | None = None) -> None:
+             sharing: Sharing | None) -> None:
     if isinstance(value, (dict, list, tuple)):
         if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
             out[path] = f"<the container at {enclosing[id(value)]}>"

@@ -22,7 +22,7 @@ from trainparity._coverage._collect import ReadingTimedOut, UserCodeFailed, rele
 from trainparity._process import _session
 from trainparity._process._alarm import DeadlinePassed, interrupted_at
 from trainparity._process._options import Deadline
-from trainparity._recipe._recipe import set_sampler_epoch
+from trainparity._recipe._recipe import set_loader_epoch
 from trainparity._results._result import WorkerRandomnessResult
 from trainparity._results._violation import JsonValue
 from trainparity._workers._judge import Epoch, judge_workers
@@ -49,7 +49,7 @@ def _validate(loader: object, epochs: object, batches: object) -> DataLoader[Any
     return loader
 
 
-def _read_epoch(loader: DataLoader[Any], number: int, batches: int | None) -> list[Fetch]:
+def _read_epoch(loader: DataLoader[Any], number: int, batches: int | None, token: str, user_collate: Any) -> Epoch:
     """One epoch's records; the user's errors become `UserCodeFailed`, a timeout `ReadingTimedOut`."""
     phase = f"epoch {number}"
     fetches: list[Fetch] = []
@@ -57,10 +57,14 @@ def _read_epoch(loader: DataLoader[Any], number: int, batches: int | None) -> li
     finished = late = False
     try:
         try:
-            set_sampler_epoch(loader, number)  # as a training loop does before each epoch
-            set_epoch = getattr(loader.dataset, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(number)
+            set_loader_epoch(loader, number)  # as a training loop does before each epoch
+        except Exception as error:  # noqa: BLE001 - the user's set_epoch failed: an ERROR result
+            raise UserCodeFailed(error, phase, None) from error
+        # After set_epoch, which may build the epoch's generators here, to be copied into the workers.
+        main = snapshot(roots(loader.dataset, user_collate), globals_too=False)[0]
+        if loader.num_workers == 0:
+            begin(token, loader.dataset, user_collate)
+        try:
             iterator = iter(loader)
         except Exception as error:  # noqa: BLE001 - the user's sampler or worker start failed: an ERROR result
             raise UserCodeFailed(error, phase, None) from error
@@ -82,7 +86,7 @@ def _read_epoch(loader: DataLoader[Any], number: int, batches: int | None) -> li
     finally:
         release_iterator(iterator, loader, finished, late)
         del iterator
-    return fetches
+    return Epoch(fetches, main)
 
 
 @_session.recorded
@@ -121,10 +125,7 @@ def check_worker_randomness(
     try:
         with contextlib.nullcontext() if deadline is None else interrupted_at(deadline):
             for number in range(epochs):
-                main = snapshot(roots(checked.dataset, user_collate), globals_too=False)[0]
-                if workers == 0:
-                    begin(token, checked.dataset, user_collate)
-                observed.append(Epoch(_read_epoch(checked, number, batches), main))
+                observed.append(_read_epoch(checked, number, batches, token, user_collate))
     except UserCodeFailed as failure:
         return failure.result(config, WorkerRandomnessResult)
     except ReadingTimedOut as late:

@@ -11,6 +11,7 @@ Streams no batch consumed are not judged.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from trainparity._results._result import WorkerRandomnessResult
@@ -74,7 +75,7 @@ def _walks(epoch: Epoch) -> dict[str, dict[int | None, _Walk]]:
     return walks
 
 
-def _workers_text(workers: list[int | None]) -> str:
+def _workers_text(workers: Sequence[int | None]) -> str:
     names = [str(w) for w in workers]
     return f"workers {', '.join(names[:-1])} and {names[-1]}" if len(names) > 1 else f"worker {names[0]}"
 
@@ -84,10 +85,10 @@ def _describe(path: str, kinds: dict[str, str]) -> str:
 
 
 def _shared_cause(path: str, kind: str | None, walks: dict[int | None, _Walk], group: list[int | None],
-                  epoch: Epoch, fetches: list[Fetch]) -> str:
+                  epoch: Epoch) -> str:
     """Why workers start a stream alike: copied from this process, or seeded alike by worker_init_fn."""
     if path in GLOBAL_STREAMS:
-        starts = [f.start for f in fetches if f.start is not None and f.worker in group]
+        starts = [f.start for f in epoch.fetches if f.start is not None and f.worker in group]
         reseeded = len({s.before.get(path) for s in starts}) > 1 and len({s.after.get(path) for s in starts}) == 1
         how = ("The worker_init_fn seeds it to the same state in every worker" if reseeded else
                "Every worker starts it from the same state")
@@ -161,8 +162,8 @@ def judge_workers(epochs: list[Epoch], config: dict[str, JsonValue], persistent:
                     "worker_rng_shared", path,
                     f"Stream {_describe(path, kinds)} was consumed from the same state by {text} in epoch {number}: "
                     "they draw the same random numbers, so they apply the same random augmentations to different "
-                    f"samples. {_shared_cause(path, kinds.get(path), walk[path], shared[0], epoch, epoch.fetches)}",
-                    epoch=number, worker=shared[0][1], cause="worker_rng_shared"))
+                    f"samples. {_shared_cause(path, kinds.get(path), walk[path], shared[0], epoch)}",
+                    epoch=number, worker=shared[0][1]))
             repeat = _repeat(walks, number, path)
             if repeat is not None:
                 worker, earlier, other = repeat
@@ -171,7 +172,7 @@ def judge_workers(epochs: list[Epoch], config: dict[str, JsonValue], persistent:
                     f"Stream {_describe(path, kinds)} in worker {worker} of epoch {number} went through the states "
                     f"it had in worker {other} of epoch {earlier}: epoch {number} repeats the random draws (the "
                     f"augmentations) of epoch {earlier}. {_repeat_cause(path, persistent)}",
-                    epoch=number, worker=worker, cause="epoch_rng_repeated"))
+                    epoch=number, worker=worker))
     notes = _notes(epochs, walks, consumed, config)
     if violations:
         return WorkerRandomnessResult(Outcome.FAIL, violations, notes, config)
@@ -189,13 +190,13 @@ def _notes(epochs: list[Epoch], walks: list[dict[str, dict[int | None, Any]]], c
     """What the check observed: epochs, batches, workers, the streams consumed and those not judged."""
     workers = sorted({f.worker for e in epochs for f in e.fetches if f.worker is not None})
     batches = ", ".join(f"{len(e.fetches)} in epoch {n}" for n, e in enumerate(epochs))
-    who = f"{_workers_text(list(workers))}" if workers else "this process (num_workers=0)"
+    who = _workers_text(workers) if workers else "this process (num_workers=0)"
     notes = [f"Observed {len(epochs)} epoch{'s' if len(epochs) != 1 else ''} fetched by {who}; batches: {batches}."]
     if consumed:
         used = []
         for path in consumed:
             seen = sorted({w for walk in walks for w in walk.get(path, {}) if w is not None})
-            used.append(f"{path} ({_workers_text(list(seen))})" if seen else path)
+            used.append(f"{path} ({_workers_text(seen)})" if seen else path)
         notes.append(f"Streams consumed while fetching: {', '.join(used)}.")
     else:
         notes.append("No random stream was consumed while fetching: nothing random to share.")

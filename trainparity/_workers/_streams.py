@@ -49,8 +49,6 @@ def _feed(hasher: Any, value: Any) -> None:
     elif isinstance(value, np.ndarray):
         hasher.update(f"a{value.dtype.str}{value.shape}".encode())
         hasher.update(np.ascontiguousarray(value).tobytes())
-    elif isinstance(value, torch.Tensor):
-        _feed(hasher, value.detach().cpu().numpy())
     else:
         hasher.update(f"{type(value).__name__}:{value!r};".encode())
 
