@@ -1,0 +1,39 @@
+"""`.ci/run` itself: its exit status is the status of its steps, and it leaves nothing running."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.exact
+
+CI_SCRIPT = pathlib.Path(__file__).resolve().parent.parent / ".ci" / "run"
+
+
+def _exit_trap() -> str:
+    traps = re.findall(r"^trap .* EXIT$", CI_SCRIPT.read_text(), flags=re.MULTILINE)
+    assert len(traps) == 1, f"expected one EXIT trap in {CI_SCRIPT}, found {traps}"
+    return traps[0]
+
+
+def _run_with_the_exit_trap(background: str, steps: str) -> subprocess.CompletedProcess[str]:
+    # The same shell options and background job as .ci/run, then the steps that follow it there.
+    script = f'set -euo pipefail\n{background} &\nprepare=$!\n{_exit_trap()}\n{steps}\n'
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+
+
+def test_a_run_whose_steps_all_pass_exits_zero_after_its_background_job_ended() -> None:
+    # The background job has ended and has no children: the trap's pkill and kill find nothing to stop.
+    finished = _run_with_the_exit_trap("true", 'wait "$prepare"\necho steps passed')
+    assert (finished.returncode, finished.stdout) == (0, "steps passed\n"), finished.stderr
+
+
+def test_a_failing_step_fails_the_run_and_stops_the_background_job() -> None:
+    marker = "trainparity-ci-trap-test"
+    failed = _run_with_the_exit_trap(f"bash -c 'exec -a {marker} sleep 300'", "false")
+    assert failed.returncode == 1
+    still_running = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
+    assert still_running.stdout == "", f"the background job outlived the run: {still_running.stdout}"
