@@ -14,6 +14,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch import nn
 
 import trainparity as tp
+import trainparity._accumulation
 from trainparity._cli import main
 
 pytestmark = pytest.mark.numeric
@@ -104,6 +105,25 @@ def test_gradient_fault_reports_losses_and_consequences() -> None:
     later = [v for v in result.violations if v.path.startswith(("parameters.", "optimizer."))]
     assert later and all(v.cause is None and "follows from the earlier divergence" in v.message for v in later)
     assert "windows after window 1 not judged: they start from the diverged state" in result.notes
+
+
+def test_contributions_are_held_only_for_windows_whose_gradients_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process the candidate drops its micro-batch contribution samples (about SAMPLE_ELEMENTS float64 per
+    # call) in a window whose gradients all agreed with the reference's: only a differing gradient's diagnosis
+    # reads them. NoZeroGrad agrees in window 1 and differs in window 2, where the diagnosis needs them.
+    candidates: list[Any] = []
+    judge = trainparity._accumulation.judge_accumulation
+
+    def keep_candidate(reference: Any, candidate: Any, *args: Any) -> tp.AccumulationResult:
+        candidates.append(candidate)
+        return judge(reference, candidate, *args)
+
+    monkeypatch.setattr(trainparity._accumulation, "judge_accumulation", keep_candidate)
+    assert check(recipes.Scaled).passed
+    failed = check(recipes.NoZeroGrad)
+    assert failed.first_violation is not None and failed.first_violation.cause == "grads_not_reset"
+    held = [[[bool(call.contribution) for call in window.calls] for window in trace.windows] for trace in candidates]
+    assert held == [[[False] * 4, [False] * 4], [[False] * 4, [True] * 4]]
 
 
 def test_scheduler_fault_marks_the_scheduler_state_and_the_learning_rate_used() -> None:

@@ -19,7 +19,7 @@ from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._batches._split import Microbatches, batch_size, leaves, split_batch
 from trainparity._compat import state_dict
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
-from trainparity._observe._records import CallRecord
+from trainparity._observe._records import CallRecord, StepEvent
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
@@ -118,6 +118,12 @@ def _observe_window(
             call = observer.end_call()
         _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
         calls.append(call)
+    steps = observer.take_step_events()
+    if expected is not None and _gradients_shared(expected, steps):
+        # The judge reads the micro-batches' gradient contributions only to explain a gradient that differs
+        # from the reference's: none can here, so they are not held (and paged in) for the rest of the run.
+        for call in calls:
+            call.contribution = {}
     parameters: Snapshot = {}
     shared = None if expected is None else Sharing(expected.parameters, payload.comparison)
     for parameter_name, parameter in observer.parameters():
@@ -129,7 +135,18 @@ def _observe_window(
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
         flatten(entry, state_dict(scheduler), schedulers)
-    return Window(record, _sizes(parts), calls, observer.take_step_events(), parameters, optimizers, schedulers)
+    return Window(record, _sizes(parts), calls, steps, parameters, optimizers, schedulers)
+
+
+def _gradients_shared(expected: Window, steps: dict[str, list[StepEvent]]) -> bool:
+    """Every step of the window took, for every gradient the reference had, the reference's own tensor (shared
+    because it agreed, `_shared_gradient`), and there were as many steps as in the reference."""
+    return steps.keys() == expected.steps.keys() and all(
+        len(events) == len(expected.steps[entry]) and all(
+            event.grads.get(name, ...) is grad
+            for reference, event in zip(expected.steps[entry], events, strict=True)
+            for name, grad in reference.grads.items())
+        for entry, events in steps.items())
 
 
 def _shared_gradient(expected: Window, comparison: Comparison, entry: str, index: int, name: str,
