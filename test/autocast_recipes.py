@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -70,6 +71,56 @@ class WrongDeviceClipsBeforeUnscale(ClipsBeforeUnscale):
         with torch.autocast("cuda", dtype=torch.float16):
             out = state.model(x)
         return F.mse_loss(out.float(), y)
+
+
+class WrongDeviceMadeInSetup(Bf16):
+    """The wrong-device region made once in `setup()` (nanoGPT's `ctx`), entered by every `step()`."""
+
+    def setup(self) -> tp.State:
+        self.context = torch.autocast("cuda", dtype=torch.float16)
+        return super().setup()
+
+    def region(self, x: torch.Tensor) -> torch.autocast:
+        return self.context
+
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # torch says here that it turns the region off: no CUDA on this machine
+
+    class CudaAutocastForward(nn.Sequential):
+        """A forward decorated for CUDA autocast when its class is defined, before any check starts."""
+
+        @torch.autocast("cuda", dtype=torch.float16)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = super().forward(x)
+            return out
+
+
+class CudaDecoratedForward(MLP):
+    """On the CPU, a forward decorated with CUDA autocast: torch turned it off, and whether `enabled` was written
+    True cannot be told from the object (a note)."""
+
+    def model(self) -> nn.Module:
+        return CudaAutocastForward(*mlp())
+
+
+class CudaDecoratedForwardDeclared(CudaDecoratedForward):
+    """The same, declaring bfloat16: the run lowered nothing, a FAIL."""
+
+    autocast_dtype = torch.bfloat16
+
+
+class Float32Loss(DeclaredBf16):
+    """The common "loss in float32" form: a bfloat16 region for the body, then the head under a region disabled as
+    written, in the same step (deliberate, a note)."""
+
+    def loss(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        with self.region(x):
+            hidden = F.relu(state.model[0](x))
+        with torch.autocast(x.device.type, enabled=False):
+            out = state.model[2](hidden.float())
+        return F.mse_loss(out, y)
 
 
 class FlagOff(DeclaredBf16):
@@ -252,6 +303,16 @@ class Float32Attention(NetBf16):
     float32_attention = True
 
 
+class Float32AttentionAliased(Float32Attention):
+    """`Float32Attention` whose State also holds the model's convolution as an entry of its own: one module reached
+    from two entries."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.conv = state.model.conv
+        return state
+
+
 class RaisesInRegion(Bf16):
     def loss(self, state: tp.State, batch: Batch) -> torch.Tensor:
         with self.region(batch[0]):
@@ -262,3 +323,16 @@ class RaisesInRegion(Bf16):
 class BadDeclaration(MLP):
     autocast_dtype = torch.float32
 
+
+
+
+class BrokenHead(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("the head's forward broke")
+
+
+class RaisesInAModuleForward(DeclaredBf16):
+    """A declared recipe whose module raises in its forward: the watch is on while a State module runs."""
+
+    def model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), BrokenHead(16, 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from typing import Any
 
 import autocast_recipes as recipes
@@ -14,7 +15,8 @@ import torch
 from autocast_lm import FAULTS, AutocastLM
 
 import trainparity as tp
-from trainparity._observe._autocast import AUTOCAST, AutocastUse, AutocastWatch
+from trainparity._observe._autocast import AUTOCAST, AutocastUse, AutocastWatch, Bypass, RegionRequests, _display
+from trainparity._preflight._autocast import AutocastRules, _bypass_violations, _Group
 from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._process._wire import dump, load
 
@@ -52,6 +54,16 @@ def test_clean_recipes_and_fixed_twins_pass_without_an_autocast_note(recipe: typ
      f"autocast(device_type='cuda', dtype=torch.float16) entered in Bf16.loss ({at(recipes.Bf16.loss, 'with')}) only "
      "changes ops on cuda tensors, but its 2 matmul, convolution or attention ops (addmm) ran on cpu tensors, in "
      "torch.float32; torch turned the region off (no usable cuda device here)"),
+    # made once in setup(), entered by each step(): judged as the same region made in step()
+    (recipes.WrongDeviceMadeInSetup, "autocast.Bf16.loss",
+     f"autocast(device_type='cuda', dtype=torch.float16) entered in Bf16.loss ({at(recipes.Bf16.loss, 'with')}) only "
+     "changes ops on cuda tensors, but its 2 matmul, convolution or attention ops (addmm) ran on cpu tensors, in "
+     "torch.float32; torch turned the region off (no usable cuda device here)"),
+    # made when its class was defined: the declared dtype judges it, and its message claims nothing about `enabled`
+    (recipes.CudaDecoratedForwardDeclared, "autocast.CudaAutocastForward.forward",
+     "autocast(device_type='cuda', dtype=torch.float16) applied as a decorator to CudaAutocastForward.forward ("
+     f"{at(recipes.CudaAutocastForward.forward, '@torch.autocast')}) only changes ops on cuda tensors, but its 2 "
+     "matmul, convolution or attention ops (addmm) ran on cpu tensors, in torch.float32; torch turned the region off"),
     (recipes.FlagOff, "autocast.Bf16.loss", "is disabled as written (enabled=False, often read from a config flag), "
      "while the recipe declares autocast_dtype=torch.bfloat16"),
     (recipes.DeclaredWithoutAutocast, "autocast", "The recipe declares autocast_dtype=torch.bfloat16, but none of the "
@@ -71,7 +83,8 @@ def test_autocast_that_does_nothing_is_ineffective(recipe: type[tp.Recipe], path
     violation = result.violations[0]
     assert says in violation.message, violation.message
     assert violation.cause == "autocast_ineffective" and violation.message.endswith("Also at step 2.")
-    assert violation.expected == "torch.bfloat16" or recipe is recipes.WrongDevice
+    # the declared dtype, else the region's own
+    assert violation.expected == ("torch.float16" if recipe is recipes.WrongDeviceMadeInSetup else "torch.bfloat16")
 
 
 @pytest.mark.parametrize(("fault", "path", "kind"), [
@@ -155,18 +168,68 @@ def test_in_a_child_process_the_result_is_the_same() -> None:
     assert child.violations == inprocess.violations and child.notes == inprocess.notes
 
 
-def test_the_watch_leaves_nothing_behind_when_the_recipe_raises_inside_a_region() -> None:
+@pytest.mark.parametrize("recipe", [recipes.RaisesInRegion, recipes.RaisesInAModuleForward])
+def test_the_watch_leaves_nothing_behind_when_the_recipe_raises_inside_a_region(recipe: type[tp.Recipe]) -> None:
     methods = {name: vars(AUTOCAST)[name] for name in ("__init__", "__enter__", "__exit__")}
-    result = tp.check_mixed_precision(recipes.RaisesInRegion, steps=1)
+    result = tp.check_mixed_precision(recipe, steps=1)
     assert result.outcome is tp.Outcome.ERROR and isinstance(result.exception, ValueError)
     assert {name: vars(AUTOCAST)[name] for name in methods} == methods
     assert torch._C._len_torch_dispatch_stack() == 0
     assert not torch.is_autocast_enabled("cpu")
 
 
+def test_a_region_made_before_the_check_and_turned_off_by_torch_is_a_note_without_a_declared_dtype() -> None:
+    result = tp.check_mixed_precision(recipes.CudaDecoratedForward, steps=2)
+    assert result.passed, result.report()
+    assert autocast_notes(result) == [
+        "autocast(device_type='cuda', dtype=torch.float16) applied as a decorator to CudaAutocastForward.forward "
+        f"({at(recipes.CudaAutocastForward.forward, '@torch.autocast')}) was made before the check started and torch "
+        "turned it off (no usable cuda device, or torch.float16 unsupported there), so whether it is enabled as "
+        "written cannot be told: its 2 matmul, convolution or attention ops (addmm) ran in torch.float32. Declare "
+        "autocast_dtype on the recipe to fail runs in which autocast does nothing."]
+
+
+def test_a_region_disabled_as_written_beside_one_that_lowers_is_deliberate_under_a_declared_dtype() -> None:
+    result = tp.check_mixed_precision(recipes.Float32Loss, steps=2)
+    assert result.passed, result.report()
+    assert autocast_notes(result) == [
+        f"autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Float32Loss.loss "
+        f"({at(recipes.Float32Loss.loss, 'enabled=False')}) is disabled as written: its 1 matmul, convolution or "
+        "attention op (addmm) ran in torch.float32, deliberately, as other ops of the same step ran in "
+        "torch.bfloat16."]
+    # the same region as the only one of a declared recipe's step still fails (the flag-off form)
+    assert first(tp.check_mixed_precision(recipes.FlagOff, steps=1)) == ("autocast.Bf16.loss", "autocast_ineffective",
+                                                                          1)
+
+
+def test_a_module_reached_from_two_entries_is_named_once() -> None:
+    aliased = tp.check_mixed_precision(recipes.Float32AttentionAliased, steps=2)
+    plain = tp.check_mixed_precision(recipes.Float32Attention, steps=2)
+    assert [(v.path, v.kind, v.step) for v in aliased.violations] == [
+        (v.path, v.kind, v.step) for v in plain.violations] == [("modules.model", "autocast_bypassed", 1)]
+
+
+def test_at_the_default_maximum_a_bypass_of_uncounted_flops_still_fails() -> None:
+    # torch's FLOP formula cannot always read an op's arguments: such a bypass has 0 FLOPs, a share of 0
+    bypass = Bypass("head", "a region", "Recipe.loss", None, "torch.float32", ["mm"], calls=1, flops=0)
+    rules = AutocastRules.validate(torch.bfloat16, None, 0.0)
+    violations, notes = _bypass_violations([_Group(bypass, 1)], 0, rules)
+    assert [(v.path, v.kind) for v in violations] == [("modules.head", "autocast_bypassed")] and notes == []
+    allowed = AutocastRules.validate(torch.bfloat16, None, 0.5)
+    assert _bypass_violations([_Group(bypass, 1)], 0, allowed)[0] == []
+
+
+def test_locations_follow_the_working_directory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = str(tmp_path / "train.py")
+    monkeypatch.chdir(tmp_path)
+    assert _display(source, 3) == "train.py:3"
+    monkeypatch.chdir(tmp_path.parent)
+    assert _display(source, 3) == f"{tmp_path.name}{os.sep}train.py:3"
+
+
 def test_the_watch_records_regions_ops_and_modules_and_take_starts_afresh() -> None:
     model = recipes.Net(float32_head=True)
-    with AutocastWatch(tp.State(model=model), None) as watch:
+    with RegionRequests() as requests, AutocastWatch(tp.State(model=model), None, requests) as watch:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model(torch.randn(4, 8))
         use = watch.take()

@@ -28,7 +28,7 @@ def _step_seconds(recipe: Any, blocks: int = 10, steps: int = 20) -> tuple[float
 
     import torch
 
-    from trainparity._observe._autocast import AutocastWatch
+    from trainparity._observe._autocast import AutocastWatch, RegionRequests
     from trainparity._preflight._autocast import declared_dtype
 
     torch.manual_seed(0)
@@ -40,7 +40,7 @@ def _step_seconds(recipe: Any, blocks: int = 10, steps: int = 20) -> tuple[float
     watched: list[float] = []
     for _ in range(blocks):
         plain += [seconds(lambda: recipe.step(state, batch)) for _ in range(steps)]
-        with AutocastWatch(state, declared_dtype(type(recipe))) as watch:
+        with RegionRequests() as requests, AutocastWatch(state, declared_dtype(type(recipe)), requests) as watch:
             for _ in range(steps):
                 watched.append(seconds(lambda: recipe.step(state, batch)))
                 watch.take()

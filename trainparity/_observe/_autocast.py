@@ -2,10 +2,13 @@
 dtype, inside which autocast region, in which module. Nothing in the user's code changes.
 
 - Regions: `torch.autocast` is one class (`torch.amp.autocast_mode.autocast`) that `torch.cpu.amp.autocast`,
-  its decorator form and `torch.amp.custom_fwd` all go through. Its `__init__`, `__enter__` and `__exit__`
-  are wrapped while the watch is on: what a region asked for (device type, dtype, `enabled` as written), what
-  torch made of it (its `_enabled`: torch turns a region off, with a warning, for a device it does not have),
-  and where it was entered (the first frame outside torch; for `custom_fwd` the forward it decorates).
+  its decorator form and `torch.amp.custom_fwd` all go through. Its `__init__` is wrapped from before the
+  recipe's `setup()` (`RegionRequests`: `enabled` as written), its `__enter__` and `__exit__` while the watch is
+  on: what a region asked for (device type, dtype, `enabled`), what torch made of it (its `_enabled`: torch
+  turns a region off, with a warning, for a device it does not have), and where it was entered (the first frame
+  outside torch; for `custom_fwd` the forward it decorates). A region made before that (a decorator applied when
+  its class was defined, a context made at import) shows only what torch made of it: where torch turned it off,
+  whether it was enabled as written is unknown (`RegionUse.requested` None).
 - Ops: a `TorchDispatchMode`, pushed only while a region is open (and, for a recipe that declares
   `autocast_dtype`, while one of the State's modules runs its forward), sees the aten ops after autocast cast
   their inputs. It records the ops of torch's FLOP table (`torch.utils.flop_counter.flop_registry`: `mm`,
@@ -31,6 +34,7 @@ import inspect
 import os
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from types import FrameType
@@ -43,7 +47,7 @@ from torch.utils.flop_counter import flop_registry
 
 from trainparity._observe._hooks import HookSet
 from trainparity._results._report import relative_paths
-from trainparity._state._entries import State, state_objects, unwrap_module
+from trainparity._state._entries import State, named_state_modules
 
 AUTOCAST = torch.amp.autocast_mode.autocast
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -64,24 +68,20 @@ def _formulas() -> dict[Any, Callable[..., int]]:
 FORMULAS = _formulas()
 
 
-def dtype_name(dtype: torch.dtype | None) -> str:
-    return str(dtype)
-
-
-def low_precision(dtype_name: str) -> bool:
-    """float16, bfloat16 and the 8-bit floats: what autocast runs its lower-precision ops in."""
-    return dtype_name not in ("torch.float32", "torch.float64")
+def low_precision(dtype: str) -> bool:
+    """float16, bfloat16 and the 8-bit floats (as `str(dtype)`): what autocast runs its lower-precision ops in."""
+    return dtype not in ("torch.float32", "torch.float64")
 
 
 @functools.lru_cache(maxsize=256)
-def _shown(filename: str) -> str:
+def _shown(filename: str, working_directory: str) -> str:
     """A file as reports show it: relative to the working directory, else by its name."""
     shown = relative_paths(filename)
     return os.path.basename(shown) if os.path.isabs(shown) else shown
 
 
 def _display(filename: str, line: int) -> str:
-    return f"{_shown(filename)}:{line}"
+    return f"{_shown(filename, os.getcwd())}:{line}"
 
 
 def _function(function: Any) -> tuple[str, str]:
@@ -118,8 +118,9 @@ class RegionUse:
     kind: str
     device_type: str
     dtype: str
-    #: `enabled` as written, and as torch made it
-    requested: bool
+    #: `enabled` as written (None: unknown, for a region made before `RegionRequests` and turned off by torch), and
+    #: as torch made it
+    requested: bool | None
     enabled: bool
     #: whether no other region was open when it was entered
     outermost: bool
@@ -140,14 +141,14 @@ class RegionUse:
     escapes: list[str] = dataclasses.field(default_factory=list)
 
     @property
-    def key(self) -> tuple[str, str, str, str, bool]:
+    def key(self) -> tuple[str, str, str, str, bool | None]:
         return self.location, self.kind, self.device_type, self.dtype, self.requested
 
     def describe(self) -> str:
         """`autocast(device_type='cpu', dtype=torch.bfloat16) entered in Recipe.loss (test/x.py:12)`."""
         if self.kind.startswith("custom_fwd"):
             return f"{self.kind} on {self.function} ({self.location})"
-        enabled = "" if self.requested else ", enabled=False"
+        enabled = ", enabled=False" if self.requested is False else ""
         how = "applied as a decorator to" if self.kind == "autocast decorator" else "entered in"
         return (f"autocast(device_type={self.device_type!r}, dtype={self.dtype}{enabled}) {how} {self.function} "
                 f"({self.location})")
@@ -281,44 +282,85 @@ class _OpMode(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore
         return out
 
 
+@functools.lru_cache(maxsize=64)
+def _torch_enables(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether torch keeps a region for `device_type` in `dtype` on, made with enabled=True in this process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return bool(AUTOCAST(device_type, dtype=dtype, enabled=True)._enabled)
+        except (RuntimeError, ValueError, AssertionError):  # torch refuses the dtype for the device outright
+            return False
+
+
+class RegionRequests(HookSet):
+    """`enabled` as written for each autocast object made in this thread while it is entered: it is entered before
+    the recipe's `setup()`, which may make the context that `step()` enters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+        self._written: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+    def _install(self) -> None:
+        original = vars(AUTOCAST)["__init__"]
+        AUTOCAST.__init__ = _wrapped(original, self._init)  # type: ignore[method-assign]
+        self._stack.callback(setattr, AUTOCAST, "__init__", original)
+
+    def _init(self, original: Callable[..., None], instance: Any, *args: Any, **kwargs: Any) -> None:
+        original(instance, *args, **kwargs)
+        if threading.get_ident() == self._thread:
+            enabled = args[_ENABLED_AT] if len(args) > _ENABLED_AT else kwargs.get("enabled", True)
+            self._written[instance] = bool(enabled)
+
+    def requested(self, instance: Any) -> bool | None:
+        """`enabled` as written: as recorded; for an object made before, True where torch kept it on, False where
+        torch would have kept it on but it is off, and None (unknown) where torch turns such a region off anyway."""
+        written = self._written.get(instance)
+        if written is not None:
+            return written
+        if instance._enabled:
+            return True
+        return False if _torch_enables(str(instance.device), instance.fast_dtype) else None
+
+
 class AutocastWatch(HookSet):
     """The autocast regions, ops and modules of the calls made while it is entered (see the module docstring).
 
     `declared_dtype`: the recipe's `autocast_dtype`; the ops of the State's module forwards are then recorded
-    outside regions too. `take()` returns what was seen since it was last called.
+    outside regions too. `requests`: entered before the recipe's `setup()`. `take()` returns what was seen since it
+    was last called.
     """
 
-    def __init__(self, state: State, declared_dtype: torch.dtype | None) -> None:
+    def __init__(self, state: State, declared_dtype: torch.dtype | None, requests: RegionRequests) -> None:
         super().__init__()
         self.state = state
         self.declared = declared_dtype is not None
+        self.requests = requests
         self._thread = threading.get_ident()
-        self._requested: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self._open: list[_Open] = []
         self._modules: list[str] = []
         self._mode = _OpMode(self)
         self._active = 0
         self._use = AutocastUse()
         #: region key -> its record in `_use`
-        self._regions: dict[tuple[str, str, str, str, bool], RegionUse] = {}
+        self._regions: dict[tuple[str, str, str, str, bool | None], RegionUse] = {}
         self._bypasses: dict[tuple[str | None, str, str | None, str], Bypass] = {}
 
     # -- installing ---------------------------------------------------------------------------------------
 
     def _install(self) -> None:
-        for name, method in (("__init__", self._init), ("__enter__", self._enter), ("__exit__", self._exit)):
+        for name, method in (("__enter__", self._enter), ("__exit__", self._exit)):
             original = vars(AUTOCAST)[name]
             setattr(AUTOCAST, name, _wrapped(original, method))
             self._stack.callback(setattr, AUTOCAST, name, original)
         self._stack.callback(self._deactivate_all)
-        modules = list(state_objects(self.state, nn.Module))
-        for entry, module in modules:
-            for sub_name, sub in unwrap_module(module).named_modules():
-                label = (f"{entry}.{sub_name}" if len(modules) > 1 else sub_name) if sub_name else entry
-                self._stack.callback(sub.register_forward_pre_hook(
-                    functools.partial(self._enter_module, label)).remove)
-                self._stack.callback(sub.register_forward_hook(
-                    functools.partial(self._exit_module, label), always_call=True).remove)
+        # One pair of hooks per module, however many entries reach it: a second pair would push its name twice.
+        for label, module in named_state_modules(self.state):
+            self._stack.callback(module.register_forward_pre_hook(
+                functools.partial(self._enter_module, label)).remove)
+            self._stack.callback(module.register_forward_hook(
+                functools.partial(self._exit_module, label), always_call=True).remove)
 
     def _here(self) -> bool:
         return threading.get_ident() == self._thread
@@ -338,13 +380,7 @@ class AutocastWatch(HookSet):
             self._active = 1
             self._deactivate()
 
-    # -- the wrapped autocast methods -------------------------------------------------------------------------
-
-    def _init(self, original: Callable[..., None], instance: Any, *args: Any, **kwargs: Any) -> None:
-        original(instance, *args, **kwargs)
-        if self._here():
-            enabled = args[_ENABLED_AT] if len(args) > _ENABLED_AT else kwargs.get("enabled", True)
-            self._requested[instance] = bool(enabled)
+    # -- the wrapped autocast methods and module hooks --------------------------------------------------------
 
     def _enter(self, original: Callable[..., Any], instance: Any) -> Any:
         result = original(instance)
@@ -353,8 +389,8 @@ class AutocastWatch(HookSet):
         if self._here() and torch._C._current_graph_task_id() == -1:
             function, location, kind = entered_from(sys._getframe(2))  # past this method and `_wrapped`
             enabled = bool(instance._enabled)
-            use = RegionUse(function, location, kind, str(instance.device), dtype_name(instance.fast_dtype),
-                            self._requested.get(instance, enabled), enabled, not self._open)
+            use = RegionUse(function, location, kind, str(instance.device), str(instance.fast_dtype),
+                            self.requests.requested(instance), enabled, not self._open)
             use = self._regions.setdefault(use.key, use)
             if use not in self._use.regions:
                 self._use.regions.append(use)
@@ -391,7 +427,7 @@ class AutocastWatch(HookSet):
         if not floating or not self._here():
             return
         widest = max(floating, key=lambda t: t.element_size()).dtype
-        dtype, device = dtype_name(widest), tensors[0].device.type
+        dtype, device = str(widest), tensors[0].device.type
         flops = _flops(packet, formula, args, kwargs, out)
         low = low_precision(dtype)
         use = self._use

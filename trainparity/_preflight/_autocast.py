@@ -1,13 +1,18 @@
 """Autocast coverage, the part of `check_mixed_precision` that judges what `_observe/_autocast.py` saw.
 
 - `autocast_ineffective` (path `autocast.<function that entered the region>`): an autocast region enabled as
-  written (or, for a recipe that declares `autocast_dtype`, any outermost region) in which matmul, convolution
-  or attention ops ran, none of them in a low dtype; or a recipe that declares `autocast_dtype` whose `step()`
-  entered no region and ran those ops in full precision (path `autocast`). The message says why: the region's
-  device type against the tensors' device, `enabled`, a nested region that turned autocast off, float64 inputs.
+  written in which matmul, convolution or attention ops ran, none of them in a low dtype; for a recipe that
+  declares `autocast_dtype`, also any outermost region of a step none of whose ops ran in a low dtype (a region
+  disabled as written beside regions that did lower ops is deliberate full precision: a note); or a recipe that
+  declares `autocast_dtype` whose `step()` ran those ops in full precision outside any region (path `autocast`).
+  A region made before the check whose `enabled` torch overrode is judged only under a declared dtype. The
+  message says why: the region's device type against the tensors' device, `enabled`, a nested region that turned
+  autocast off, float64 inputs.
 - `autocast_bypassed` (path `modules.<module>`): ops that ran in float32 (or float64) inside an enabled region
   for their device, per module. Their share of the FLOPs of the ops in enabled regions, outside the modules
-  `allow_float32` names, may be at most `max_float32_share` (default 0: none); below it they are a note.
+  `allow_float32` names, may be at most `max_float32_share` (default 0: none); below it they are a note. The
+  share's whole is the FLOPs of the ops in enabled regions that ran in a low dtype or were bypassed (those in
+  allowed modules included); the FLOPs torch itself kept in float32 there are left out of it.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import torch
 from trainparity._observe._autocast import AutocastUse, Bypass, RegionUse, low_precision
 from trainparity._results._violation import Violation, format_number
 
-#: what the reports call the ops the watch records
-LISTED = "matmul, convolution or attention"
+#: what the reports call the ops the watch records (torch's FLOP table)
+WATCHED_OPS = "matmul, convolution or attention"
 
 
 def declared_dtype(recipe_type: type) -> torch.dtype | None:
@@ -83,7 +88,7 @@ class AutocastRules:
 
 
 def _ops(region: RegionUse) -> str:
-    return f"{region.ops} {LISTED} op{'s' if region.ops != 1 else ''} ({', '.join(region.op_names)})"
+    return f"{region.ops} {WATCHED_OPS} op{'s' if region.ops != 1 else ''} ({', '.join(region.op_names)})"
 
 
 def _percent(part: int, whole: int) -> str:
@@ -95,8 +100,7 @@ def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violatio
     low = rules.declared or region.dtype
     full = ", ".join(region.full_dtypes) or "full precision"
     devices = ", ".join(region.op_devices)
-    head = f"{region.describe()}"
-    if not region.requested:
+    if region.requested is False:
         why = (f" is disabled as written (enabled=False, often read from a config flag), while the recipe declares "
                f"autocast_dtype={rules.declared}: its {_ops(region)} ran in {full}. Enable it, or drop autocast_dtype "
                "if this run is meant to train in full precision.")
@@ -117,14 +121,25 @@ def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violatio
                "Keep the model and inputs in float32 under autocast.")
     else:  # the ops torch kept in float32 are not judged: some ran in float64
         why = f": its {_ops(region)} ran in {full}."
-    return Violation("autocast_ineffective", f"autocast.{region.function}", head + why, step=step, expected=low,
-                     actual=full, cause="autocast_ineffective")
+    return Violation("autocast_ineffective", f"autocast.{region.function}", region.describe() + why, step=step,
+                     expected=low, actual=full, cause="autocast_ineffective")
 
 
-def _undeclared_region_note(region: RegionUse) -> str:
-    return (f"{region.describe()} is disabled (enabled=False): its {_ops(region)} ran in "
-            f"{', '.join(region.full_dtypes) or 'full precision'}. Declare autocast_dtype on the recipe to fail "
-            "runs in which autocast does nothing.")
+def _unjudged_region_note(region: RegionUse, rules: AutocastRules) -> str:
+    """Why an outermost region that lowered nothing is not judged."""
+    full = ", ".join(region.full_dtypes) or "full precision"
+    if region.requested is None:
+        text = (f"{region.describe()} was made before the check started and torch turned it off (no usable "
+                f"{region.device_type} device, or {region.dtype} unsupported there), so whether it is enabled as "
+                f"written cannot be told: its {_ops(region)} ran in {full}.")
+    elif rules.declared is not None:  # disabled as written, in a step whose other ops ran in a low dtype
+        return (f"{region.describe()} is disabled as written: its {_ops(region)} ran in {full}, deliberately, as "
+                f"other ops of the same step ran in {rules.declared}.")
+    else:
+        text = f"{region.describe()} is disabled (enabled=False): its {_ops(region)} ran in {full}."
+    if rules.declared is None:
+        text += " Declare autocast_dtype on the recipe to fail runs in which autocast does nothing."
+    return text
 
 
 @dataclasses.dataclass
@@ -152,7 +167,8 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
     limit = (f"At most {100.0 * rules.max_float32_share:.3g}% may run in full precision "
              f"(max_float32_share={format_number(rules.max_float32_share)}) outside the modules allow_float32 names "
              f"({', '.join(map(repr, rules.allow_float32)) or 'none'}).")
-    if counted and share > rules.max_float32_share:
+    # At the default maximum of 0, a bypass whose FLOPs torch cannot count (a share of 0) still fails.
+    if counted and (share > rules.max_float32_share or not rules.max_float32_share):
         violations = []
         for group in counted:
             bypass = group.bypass
@@ -160,9 +176,9 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
             allow = f"allow_float32=({name!r},)" if name is not None else "a module of its own"
             violations.append(Violation(
                 "autocast_bypassed", f"modules.{name}" if name is not None else f"autocast.{bypass.region_function}",
-                f"{_bypass_text(bypass)}: {_percent(bypass.flops, total)} of the FLOPs of the {LISTED} ops in enabled "
-                f"autocast regions ({bypass.flops:.3g} of {total:.3g}; in all {_percent(full, total)} ran in full "
-                f"precision). {limit} If it is deliberate (a float32 attention, say), allow it with {allow}.",
+                f"{_bypass_text(bypass)}: {_percent(bypass.flops, total)} of the FLOPs of the {WATCHED_OPS} ops in "
+                f"enabled autocast regions ({bypass.flops:.3g} of {total:.3g}; in all {_percent(full, total)} ran in "
+                f"full precision). {limit} If it is deliberate (a float32 attention, say), allow it with {allow}.",
                 step=group.step, expected=rules.max_float32_share, actual=float(format_number(share)),
                 cause="autocast_bypassed"))
         return violations, []
@@ -188,28 +204,29 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
     total = 0
     kept = 0
     for step, use in steps:
+        lowered = any(low_precision(dtype) for dtype in use.calls_by_dtype)
         for region in use.regions:
-            judged = region.requested or (rules.declared is not None and region.outermost)
+            judged = region.requested is True or (rules.declared is not None and region.outermost and not lowered)
             if not judged:
-                if region.outermost and region.ops and _undeclared_region_note(region) not in notes:
-                    notes.append(_undeclared_region_note(region))
+                note = _unjudged_region_note(region, rules)
+                if region.outermost and region.ops and region.low_ops == 0 and note not in notes:
+                    notes.append(note)
                 continue
             if region.ops == region.kept_ops:
-                note = (f"{region.describe()} ran no {LISTED} op that autocast lowers: it changed nothing there."
+                note = (f"{region.describe()} ran no {WATCHED_OPS} op that autocast lowers: it changed nothing there."
                         if region.ops == 0 else "")
                 if note and note not in notes:
                     notes.append(note)
             elif region.low_ops == 0:
                 found[step].append(_ineffective(region, step, rules))
         calls = sum(use.calls_by_dtype.values())
-        if rules.declared is not None and calls and not found[step] \
-                and not any(low_precision(dtype) for dtype in use.calls_by_dtype):
+        if rules.declared is not None and calls and not found[step] and not lowered:
             dtypes = ", ".join(sorted(use.calls_by_dtype))
             where = ("step() entered no autocast region" if not use.regions else
                      "they ran outside its autocast regions")
             found[step].append(Violation(
                 "autocast_ineffective", "autocast",
-                f"The recipe declares autocast_dtype={rules.declared}, but none of the {calls} {LISTED} ops of "
+                f"The recipe declares autocast_dtype={rules.declared}, but none of the {calls} {WATCHED_OPS} ops of "
                 f"step() ran in a low dtype ({dtypes}): {where}. Run the forward under "
                 f"torch.autocast(device_type, dtype={rules.declared}).", step=step, expected=rules.declared,
                 actual=dtypes, cause="autocast_ineffective"))
@@ -230,10 +247,10 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
         found[violation.step].append(violation)
     notes += bypass_notes
     if kept:
-        notes.append(f"Torch kept {kept:.3g} FLOPs of {LISTED} ops in float32 with autocast on for their device "
+        notes.append(f"Torch kept {kept:.3g} FLOPs of {WATCHED_OPS} ops in float32 with autocast on for their device "
                      "(autocast's float32 policy for the op that called them, such as cdist, or a kernel that computes "
                      "in float32, such as the CPU math path of scaled_dot_product_attention): not judged.")
     if rules.declared is not None and not any(use.calls_by_dtype for _, use in steps):
-        notes.append(f"The recipe declares autocast_dtype={rules.declared}, but no {LISTED} op ran in its modules' "
-                     "forward or in an autocast region: nothing to judge.")
+        notes.append(f"The recipe declares autocast_dtype={rules.declared}, but no {WATCHED_OPS} op ran in its "
+                     "modules' forward or in an autocast region: nothing to judge.")
     return found, notes

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainparity._compat import GradScaler
-from trainparity._observe._autocast import AutocastUse, AutocastWatch
-from trainparity._observe._observer import Observer
+from trainparity._observe._autocast import AutocastUse, AutocastWatch, RegionRequests
+from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
 from trainparity._preflight._autocast import AutocastRules, autocast_findings, declared_dtype
 from trainparity._preflight._run import (
@@ -150,8 +150,11 @@ def _raised_in_update(error: BaseException) -> bool:
 def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
     """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
     `scaler.update()` followed (the next `scaler.step()` would raise)."""
-    with observed_recipe(payload, record_contributions=False) as (recipe, observer), \
-            AutocastWatch(observer.state, declared_dtype(type(recipe))) as watch:
+    # The requests are recorded from before setup(), which may make the autocast context that step() enters; the
+    # lock (observed_recipe's, reentrant) covers the patch of autocast they make.
+    with OBSERVATION_LOCK, RegionRequests() as requests, \
+            observed_recipe(payload, record_contributions=False) as (recipe, observer), \
+            AutocastWatch(observer.state, declared_dtype(type(recipe)), requests) as watch:
         scalers = list(state_objects(observer.state, GradScaler))
 
         def outside_scaler_step(record: CallRecord, error: Exception) -> bool:

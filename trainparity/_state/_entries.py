@@ -166,14 +166,19 @@ def buffer_names(state: State) -> dict[int, str]:
     return names
 
 
-def module_names(state: State) -> dict[int, str]:
-    """id(module) -> name, by the rule of `parameter_names` (`encoder.0`); a module entry itself is named by its
-    entry (`model`)."""
-    names: dict[int, str] = {}
+def named_state_modules(state: State) -> list[tuple[str, nn.Module]]:
+    """Every module of the State once (one reachable from two entries, or twice in one, under its first name), named
+    by the rule of `parameter_names` (`encoder.0`); a module entry itself is named by its entry (`model`)."""
+    found: dict[int, tuple[str, nn.Module]] = {}
     for entry, prefix, module in module_prefixes(state):
         for sub_name, sub in module.named_modules():
-            names.setdefault(id(sub), prefix + sub_name if sub_name else entry)
-    return names
+            found.setdefault(id(sub), (prefix + sub_name if sub_name else entry, sub))
+    return list(found.values())
+
+
+def module_names(state: State) -> dict[int, str]:
+    """id(module) -> name, as `named_state_modules` names it."""
+    return {id(module): name for name, module in named_state_modules(state)}
 
 
 def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
