@@ -17,7 +17,8 @@ from worker_datasets import augment
 
 import trainparity as tp
 from trainparity._process import _session
-from trainparity._workers._streams import digest, global_states, reachable_streams, snapshot, stream_kind
+from trainparity._state._rng import global_states, stream_digest, stream_kind
+from trainparity._workers._streams import reachable_streams, snapshot
 
 pytestmark = pytest.mark.exact
 
@@ -54,6 +55,8 @@ def test_each_fault_fails_naming_its_stream(fault: str, expected: tuple[str, str
     result = tp.check_worker_randomness(datasets.augmented(fault))
     assert result.outcome is tp.Outcome.FAIL
     assert first(result) == expected
+    # the kind is the diagnosis, as in every preflight check (validate.py reads it as the cause)
+    assert result.first_violation is not None and result.first_violation.cause == expected[1]
     assert_no_workers_left()
 
 
@@ -241,10 +244,10 @@ def test_streams_reachable_from_the_dataset_and_their_digests() -> None:
                      ("dataset.transform.generators.noise", "torch.Generator"),
                      ("dataset.transform.chain.1", "numpy.random.RandomState")]
     generator = np.random.default_rng(0)
-    before = digest("numpy.random.Generator", generator)
-    assert digest("numpy.random.Generator", np.random.default_rng(0)) == before
+    before = stream_digest("numpy.random.Generator", generator)
+    assert stream_digest("numpy.random.Generator", np.random.default_rng(0)) == before
     generator.random()
-    assert digest("numpy.random.Generator", generator) != before
+    assert stream_digest("numpy.random.Generator", generator) != before
     assert stream_kind(random.SystemRandom()) is None
     states = global_states()
     np.random.random()

@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed
 from trainparity._batches._sample_ids import IdArray
 from trainparity._coverage._audit import (
     CROSS_RANK,
@@ -32,7 +33,7 @@ from trainparity._coverage._audit import (
     Plan,
     audit,
 )
-from trainparity._coverage._collect import ReadingTimedOut, UserCodeFailed, Window, collect
+from trainparity._coverage._collect import Window, collect
 from trainparity._coverage._policy import (
     AtLeastOnce,
     CoveragePolicy,

@@ -1,4 +1,5 @@
-"""The global RNG streams a run draws from: seeding them, capturing them as tensors, restoring them.
+"""The global RNG streams a run draws from: seeding them, capturing them as tensors, restoring them; and the one
+digest of a random stream's state (a global stream, or a generator object a dataset holds).
 
 Streams are captured as int64/uint8 tensors (safe for `torch.load(weights_only=True)` and the wire):
 torch's CPU generator, numpy's legacy global RNG (with its cached Gaussian), Python's `random`, and
@@ -35,20 +36,80 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_fingerprint() -> str:
-    """A digest of the global RNG streams as they are now: equal digests, equal streams.
+#: a random stream's state digested: 16 bytes of BLAKE2b over its exact bytes, equal in any process for equal
+#: states (no `hash()`, which is salted per interpreter)
+StreamDigest = bytes
 
-    Cheaper than `capture_rng` (no conversion), for telling whether something drew between two moments.
-    """
-    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=16)
-    numpy_state: tuple[Any, ...] = tuple(np.random.get_state(legacy=True))
-    _, keys, pos, has_gauss, cached = numpy_state
-    digest.update(keys.tobytes())
-    digest.update(repr((pos, has_gauss, cached, random.getstate())).encode())
+
+def _feed(hasher: Any, value: Any) -> None:
+    """The exact state in a canonical byte form (dict keys sorted, arrays by dtype, shape and bytes)."""
+    if isinstance(value, dict):
+        hasher.update(b"{")
+        for key in sorted(value, key=str):
+            _feed(hasher, str(key))
+            _feed(hasher, value[key])
+        hasher.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        hasher.update(b"[%d" % len(value))
+        for item in value:
+            _feed(hasher, item)
+    elif isinstance(value, np.ndarray):
+        hasher.update(f"a{value.dtype.str}{value.shape}".encode())
+        hasher.update(np.ascontiguousarray(value).tobytes())
+    else:
+        hasher.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+def stream_digest(kind: str, stream: Any) -> StreamDigest:
+    """The digest of a stream's state (`kind` as `stream_kind` names it)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    if kind == "torch.Generator":
+        hasher.update(stream.get_state().numpy().tobytes())
+    elif kind == "numpy.random.Generator":
+        _feed(hasher, stream.bit_generator.state)
+    elif kind == "numpy.random.RandomState":
+        _feed(hasher, stream.get_state(legacy=False))
+    else:  # random.Random: (version, 625 words, gauss_next); the words as one array, not 625 reprs
+        version, words, gauss = stream.getstate()
+        hasher.update(np.fromiter(words, dtype=np.uint64, count=len(words)).tobytes())
+        _feed(hasher, (version, gauss))
+    return hasher.digest()
+
+
+def stream_kind(value: Any) -> str | None:
+    """What kind of random stream `value` is, or None."""
+    if isinstance(value, torch.Generator):
+        return "torch.Generator"
+    if isinstance(value, np.random.Generator):
+        return "numpy.random.Generator"
+    if isinstance(value, np.random.RandomState):
+        return "numpy.random.RandomState"
+    if isinstance(value, random.Random) and not isinstance(value, random.SystemRandom):
+        return "random.Random"
+    return None
+
+
+#: the global streams' objects and kinds: each module's functions are its global stream's methods
+_GLOBALS = {"rng.torch": ("torch.Generator", torch.default_generator),
+            "rng.numpy": ("numpy.random.RandomState", np.random), "rng.python": ("random.Random", random)}
+
+
+def global_states() -> dict[str, StreamDigest]:
+    """This process's global streams."""
+    return {path: stream_digest(kind, stream) for path, (kind, stream) in _GLOBALS.items()}
+
+
+def rng_fingerprint() -> str:
+    """A digest of the global RNG streams as they are now (`global_states`, and CUDA's once initialized): equal
+    digests, equal streams. Cheaper than `capture_rng` (no conversion), for telling whether something drew between
+    two moments."""
+    hasher = hashlib.blake2b(digest_size=16)
+    for state in global_states().values():
+        hasher.update(state)
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        for state in torch.cuda.get_rng_state_all():
-            digest.update(state.numpy().tobytes())
-    return digest.hexdigest()
+        for cuda_state in torch.cuda.get_rng_state_all():
+            hasher.update(cuda_state.numpy().tobytes())
+    return hasher.hexdigest()
 
 
 def torch_rng_states() -> list[torch.Tensor]:

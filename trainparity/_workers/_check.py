@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from trainparity._coverage._collect import ReadingTimedOut, UserCodeFailed, release_iterator
+from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed, release_iterator
 from trainparity._process import _session
 from trainparity._process._alarm import DeadlinePassed, interrupted_at
 from trainparity._process._options import Deadline

@@ -16,8 +16,9 @@ from typing import Any
 
 from trainparity._results._result import WorkerRandomnessResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
+from trainparity._state._rng import StreamDigest
 from trainparity._workers._record import Fetch
-from trainparity._workers._streams import GLOBAL_STREAMS, Digest
+from trainparity._workers._streams import GLOBAL_STREAMS
 
 #: how each kind of object stream is seeded per worker, for the messages
 _RESEED = {
@@ -40,7 +41,7 @@ class Epoch:
     """What one epoch of the loader showed: each batch's record, and this process's object streams at its start."""
 
     fetches: list[Fetch]
-    main: dict[str, Digest]
+    main: dict[str, StreamDigest]
 
 
 @dataclasses.dataclass
@@ -48,10 +49,10 @@ class _Walk:
     """One stream in one worker over one epoch."""
 
     #: the digests before and after each batch that consumed it, in the worker's order
-    states: list[Digest]
+    states: list[StreamDigest]
     #: its state before the worker's first batch of the epoch, and after its last
-    first: Digest | None
-    last: Digest | None
+    first: StreamDigest | None
+    last: StreamDigest | None
 
 
 def _walks(epoch: Epoch) -> dict[str, dict[int | None, _Walk]]:
@@ -64,7 +65,7 @@ def _walks(epoch: Epoch) -> dict[str, dict[int | None, _Walk]]:
         fetches.sort(key=lambda f: f.number)
         paths = dict.fromkeys(p for f in fetches for p in (*f.before, *f.after))
         for path in paths:
-            states: list[Digest] = []
+            states: list[StreamDigest] = []
             for fetch in fetches:
                 before, after = fetch.before.get(path), fetch.after.get(path)
                 if before != after:
@@ -163,7 +164,7 @@ def judge_workers(epochs: list[Epoch], config: dict[str, JsonValue], persistent:
                     f"Stream {_describe(path, kinds)} was consumed from the same state by {text} in epoch {number}: "
                     "they draw the same random numbers, so they apply the same random augmentations to different "
                     f"samples. {_shared_cause(path, kinds.get(path), walk[path], shared[0], epoch)}",
-                    epoch=number, worker=shared[0][1]))
+                    epoch=number, worker=shared[0][1], cause="worker_rng_shared"))
             repeat = _repeat(walks, number, path)
             if repeat is not None:
                 worker, earlier, other = repeat
@@ -172,7 +173,7 @@ def judge_workers(epochs: list[Epoch], config: dict[str, JsonValue], persistent:
                     f"Stream {_describe(path, kinds)} in worker {worker} of epoch {number} went through the states "
                     f"it had in worker {other} of epoch {earlier}: epoch {number} repeats the random draws (the "
                     f"augmentations) of epoch {earlier}. {_repeat_cause(path, persistent)}",
-                    epoch=number, worker=worker))
+                    epoch=number, worker=worker, cause="epoch_rng_repeated"))
     notes = _notes(epochs, walks, consumed, config)
     if violations:
         return WorkerRandomnessResult(Outcome.FAIL, violations, notes, config)

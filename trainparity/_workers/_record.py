@@ -24,15 +24,16 @@ from typing import Any
 
 import torch.utils.data
 
-from trainparity._workers._streams import Digest, snapshot
+from trainparity._state._rng import StreamDigest
+from trainparity._workers._streams import snapshot
 
 
 @dataclasses.dataclass
 class Start:
     """A worker's streams before and after the user's `worker_init_fn` (the same when there is none)."""
 
-    before: dict[str, Digest]
-    after: dict[str, Digest]
+    before: dict[str, StreamDigest]
+    after: dict[str, StreamDigest]
 
 
 @dataclasses.dataclass
@@ -42,8 +43,8 @@ class Fetch:
 
     worker: int | None
     number: int
-    before: dict[str, Digest]
-    after: dict[str, Digest]
+    before: dict[str, StreamDigest]
+    after: dict[str, StreamDigest]
     #: path -> kind of each object stream seen
     kinds: dict[str, str]
     #: on a worker's first batch: its start
@@ -61,7 +62,7 @@ class Fetched:
 class Process:
     """One process's recording state in one check: the last known digests, the batches fetched, the start."""
 
-    last: dict[str, Digest]
+    last: dict[str, StreamDigest]
     dataset: Any = None
     fetched: int = 0
     start: Start | None = None
