@@ -112,7 +112,7 @@ class CudaDecoratedForwardDeclared(CudaDecoratedForward):
 
 class Float32Loss(DeclaredBf16):
     """The common "loss in float32" form: a bfloat16 region for the body, then the head under a region disabled as
-    written, in the same step (deliberate, a note)."""
+    written, in the same step: judged as the head under a nested disabled region is (a bypass, unless allowed)."""
 
     def loss(self, state: tp.State, batch: Batch) -> torch.Tensor:
         x, y = batch
@@ -121,6 +121,18 @@ class Float32Loss(DeclaredBf16):
         with torch.autocast(x.device.type, enabled=False):
             out = state.model[2](hidden.float())
         return F.mse_loss(out, y)
+
+
+class FlagOffBesideLoweredHead(DeclaredBf16):
+    """The body under a region whose flag is off, the small head under bfloat16: the body's ops are bypasses."""
+
+    def loss(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        x, y = batch
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=False):
+            hidden = F.relu(state.model[0](x))
+        with self.region(x):
+            out = state.model[2](hidden)
+        return F.mse_loss(out.float(), y)
 
 
 class FlagOff(DeclaredBf16):

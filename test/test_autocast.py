@@ -189,15 +189,23 @@ def test_a_region_made_before_the_check_and_turned_off_by_torch_is_a_note_withou
         "autocast_dtype on the recipe to fail runs in which autocast does nothing."]
 
 
-def test_a_region_disabled_as_written_beside_one_that_lowers_is_deliberate_under_a_declared_dtype() -> None:
-    result = tp.check_mixed_precision(recipes.Float32Loss, steps=2)
-    assert result.passed, result.report()
-    assert autocast_notes(result) == [
-        f"autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Float32Loss.loss "
-        f"({at(recipes.Float32Loss.loss, 'enabled=False')}) is disabled as written: its 1 matmul, convolution or "
-        "attention op (addmm) ran in torch.float32, deliberately, as other ops of the same step ran in "
-        "torch.bfloat16."]
-    # the same region as the only one of a declared recipe's step still fails (the flag-off form)
+def test_a_region_disabled_as_written_beside_one_that_lowers_is_judged_as_a_nested_one() -> None:
+    # the "loss in float32" form: the head's ops are bypasses, as under a nested autocast(enabled=False) ...
+    head = tp.check_mixed_precision(recipes.Float32Loss, steps=2)
+    assert [(v.path, v.kind, v.step) for v in head.violations] == [("modules.2", "autocast_bypassed", 1)]
+    assert head.violations[0].message.startswith(
+        "Module '2' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16, "
+        f"enabled=False) entered in Float32Loss.loss ({at(recipes.Float32Loss.loss, 'enabled=False')}), a region "
+        "disabled as written in a step whose other ops ran in a low dtype: ")
+    assert "ops in enabled autocast regions and in the regions disabled as written beside them" in \
+        head.violations[0].message
+    # ... so a deliberate one is allowed by name
+    allowed = tp.check_mixed_precision(recipes.Float32Loss, steps=2, allow_float32="2")
+    assert allowed.passed, allowed.report()
+    # and the flag-off form beside a lowered head fails on the body it left in float32
+    body = tp.check_mixed_precision(recipes.FlagOffBesideLoweredHead, steps=2)
+    assert [(v.path, v.kind, v.step) for v in body.violations] == [("modules.0", "autocast_bypassed", 1)]
+    # the same region as the only one of a declared recipe's step is ineffective (the flag-off form)
     assert first(tp.check_mixed_precision(recipes.FlagOff, steps=1)) == ("autocast.Bf16.loss", "autocast_ineffective",
                                                                           1)
 
@@ -215,6 +223,9 @@ def test_at_the_default_maximum_a_bypass_of_uncounted_flops_still_fails() -> Non
     rules = AutocastRules.validate(torch.bfloat16, None, 0.0)
     violations, notes = _bypass_violations([_Group(bypass, 1)], 0, rules)
     assert [(v.path, v.kind) for v in violations] == [("modules.head", "autocast_bypassed")] and notes == []
+    assert "ran 1 call of mm in torch.float32 inside a region; its inputs were torch.float64, which autocast never " \
+           "lowers: FLOPs that torch's formula cannot count, so at max_float32_share=0 they fail whatever the share." \
+           in violations[0].message
     allowed = AutocastRules.validate(torch.bfloat16, None, 0.5)
     assert _bypass_violations([_Group(bypass, 1)], 0, allowed)[0] == []
 

@@ -112,7 +112,7 @@ trainparity mixed_precision check: FAIL at autocast.Bf16.loss (autocast_ineffect
 config: autocast_dtype='torch.bfloat16', isolation='inprocess', max_skipped_steps=None, recipe='autocast_recipes:ForwardDecoratedDisabled', seed=0, steps=1
 
 First violation: autocast.Bf16.loss (step 1, kind: autocast_ineffective, cause: autocast_ineffective)
-  autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40): its 2 matmul, convolution or attention ops (addmm) all ran with autocast turned off inside it, by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) applied as a decorator to DisabledForward.forward (test/autocast_recipes.py:161), in torch.float32. Remove the nested region, or narrow it to the op that must run in full precision.
+  autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40): its 2 matmul, convolution or attention ops (addmm) all ran with autocast turned off inside it, by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) applied as a decorator to DisabledForward.forward (test/autocast_recipes.py:173), in torch.float32. Remove the nested region, or narrow it to the op that must run in full precision.
   expected: 'torch.bfloat16'
   actual:   'torch.float32'
 
@@ -130,7 +130,7 @@ trainparity mixed_precision check: FAIL at modules.head (autocast_bypassed, step
 config: autocast_dtype='torch.bfloat16', isolation='inprocess', max_skipped_steps=None, recipe='autocast_recipes:Float32Head', seed=0, steps=2
 
 First violation: modules.head (step 1, kind: autocast_bypassed, cause: autocast_bypassed)
-  Module 'head' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40), with autocast turned off by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Net.forward (test/autocast_recipes.py:280): 0.654% of the FLOPs of the matmul, convolution or attention ops in enabled autocast regions (256 of 3.92e+04; in all 0.654% ran in full precision). At most 0% may run in full precision (max_float32_share=0.0) outside the modules allow_float32 names (none). If it is deliberate (a float32 attention, say), allow it with allow_float32=('head',).
+  Module 'head' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40), with autocast turned off by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Net.forward (test/autocast_recipes.py:292): 0.654% of the FLOPs of the matmul, convolution or attention ops in enabled autocast regions (256 of 3.92e+04; in all 0.654% ran in full precision). At most 0% may run in full precision (max_float32_share=0.0) outside the modules allow_float32 names (none). If it is deliberate (a float32 attention, say), allow it with allow_float32=('head',).
   expected: 0.0
   actual:   0.00653595
 
@@ -145,4 +145,4 @@ config: allow_float32=['head'], autocast_dtype='torch.bfloat16', isolation='inpr
 
 Notes:
   - The State holds no enabled torch.amp.GradScaler: the scaler's contract (scaler_step_bypassed, scaler_update_missing, clip_before_unscale, skipped_steps) was not judged, only non-finite values.
-  - Full-precision ops inside enabled autocast regions: Module 'head' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40), with autocast turned off by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Net.forward (test/autocast_recipes.py:280) (0.654% of the FLOPs; allowed by allow_float32 'head'). Outside the modules allow_float32 names, 0% of the FLOPs ran in full precision (max_float32_share=0.0).""")
+  - Full-precision ops in enabled autocast regions: Module 'head' ran 2 calls of addmm in torch.float32 inside autocast(device_type='cpu', dtype=torch.bfloat16) entered in Bf16.loss (test/autocast_recipes.py:40), with autocast turned off by autocast(device_type='cpu', dtype=torch.bfloat16, enabled=False) entered in Net.forward (test/autocast_recipes.py:292) (0.654% of the FLOPs; allowed by allow_float32 'head'). Outside the modules allow_float32 names, 0% of the FLOPs ran in full precision (max_float32_share=0.0).""")

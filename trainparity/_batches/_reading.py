@@ -3,8 +3,9 @@ become, and letting go of an iterator.
 
 The user's code (`iter()`, `next()`, `sample_ids(batch)`) runs guarded: an exception it raises becomes
 `UserCodeFailed`, the check's timeout passing while it runs `ReadingTimedOut`; each turns into the check's ERROR
-result. Both let go of the frames they hold, and `release_iterator` of the iterator, so that an ERROR result does
-not keep a DataLoader iterator, and its worker processes, alive.
+result. The frames of the exception are cleared (`release_frames`: a timeout's at once, a failure's when its
+result is made) and `release_iterator` lets go of the iterator, so that an ERROR result does not keep a
+DataLoader iterator, and its worker processes, alive.
 """
 
 from __future__ import annotations

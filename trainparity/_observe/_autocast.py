@@ -177,6 +177,9 @@ class AutocastUse:
 
     regions: list[RegionUse] = dataclasses.field(default_factory=list)
     bypasses: list[Bypass] = dataclasses.field(default_factory=list)
+    #: full-precision ops under an outermost region disabled as written (`escape` is that region): bypasses when the
+    #: step ran other ops in a low dtype, which the judge knows only once the step is over
+    disabled_bypasses: list[Bypass] = dataclasses.field(default_factory=list)
     #: FLOPs of the recorded ops inside an enabled region for their device: in a low dtype, and kept in float32
     #: by torch with autocast on there (autocast's float32 policy for the op that called them, such as `cdist`;
     #: a kernel that computes in float32, such as the CPU math path of `scaled_dot_product_attention`)
@@ -194,8 +197,8 @@ class AutocastUse:
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> AutocastUse:
         return cls([RegionUse(**r) for r in data["regions"]], [Bypass(**b) for b in data["bypasses"]],
-                   int(data["low_flops"]), int(data["kept_flops"]), dict(data["calls_by_dtype"]),
-                   dict(data["flops_by_dtype"]), list(data["op_devices"]))
+                   [Bypass(**b) for b in data["disabled_bypasses"]], int(data["low_flops"]), int(data["kept_flops"]),
+                   dict(data["calls_by_dtype"]), dict(data["flops_by_dtype"]), list(data["op_devices"]))
 
 
 @dataclasses.dataclass
@@ -460,23 +463,30 @@ class AutocastWatch(HookSet):
                 if escape.describe() not in region.escapes:
                     region.escapes.append(escape.describe())
         if outer is None:
+            written_off = same_device[0] if same_device and same_device[0].requested is False else None
+            if written_off is not None and not low:
+                self._add_bypass(use.disabled_bypasses, written_off, written_off.describe(), dtype, name, flops)
             return
         if low:
             use.low_flops += flops
         elif kept:
             use.kept_flops += flops
         else:
-            module = self._modules[-1] if self._modules else None
-            described = None if escape is None else escape.describe()
-            key = (module, outer.describe(), described, dtype)
-            bypass = self._bypasses.get(key)
-            if bypass is None:
-                bypass = self._bypasses[key] = Bypass(module, outer.describe(), outer.function, described, dtype)
-                use.bypasses.append(bypass)
-            bypass.calls += 1
-            bypass.flops += flops
-            if name not in bypass.ops:
-                bypass.ops.append(name)
+            self._add_bypass(use.bypasses, outer, None if escape is None else escape.describe(), dtype, name, flops)
+
+    def _add_bypass(self, found: list[Bypass], region: RegionUse, escape: str | None, dtype: str, name: str,
+                    flops: int) -> None:
+        """Count one full-precision op of the innermost State module running into its `Bypass` in `found`."""
+        module = self._modules[-1] if self._modules else None
+        key = (module, region.describe(), escape, dtype)
+        bypass = self._bypasses.get(key)
+        if bypass is None:
+            bypass = self._bypasses[key] = Bypass(module, region.describe(), region.function, escape, dtype)
+            found.append(bypass)
+        bypass.calls += 1
+        bypass.flops += flops
+        if name not in bypass.ops:
+            bypass.ops.append(name)
 
     def take(self) -> AutocastUse:
         """What was seen since the last call; the regions still open go on counting into the next."""

@@ -2,17 +2,17 @@
 
 - `autocast_ineffective` (path `autocast.<function that entered the region>`): an autocast region enabled as
   written in which matmul, convolution or attention ops ran, none of them in a low dtype; for a recipe that
-  declares `autocast_dtype`, also any outermost region of a step none of whose ops ran in a low dtype (a region
-  disabled as written beside regions that did lower ops is deliberate full precision: a note); or a recipe that
+  declares `autocast_dtype`, also any outermost region of a step none of whose ops ran in a low dtype, and one
+  made before the check whose `enabled` torch overrode (without a declared dtype: a note); or a recipe that
   declares `autocast_dtype` whose `step()` ran those ops in full precision outside any region (path `autocast`).
-  A region made before the check whose `enabled` torch overrode is judged only under a declared dtype. The
-  message says why: the region's device type against the tensors' device, `enabled`, a nested region that turned
-  autocast off, float64 inputs.
+  The message says why: the region's device type against the tensors' device, `enabled`, a nested region that
+  turned autocast off, float64 inputs.
 - `autocast_bypassed` (path `modules.<module>`): ops that ran in float32 (or float64) inside an enabled region
-  for their device, per module. Their share of the FLOPs of the ops in enabled regions, outside the modules
-  `allow_float32` names, may be at most `max_float32_share` (default 0: none); below it they are a note. The
-  share's whole is the FLOPs of the ops in enabled regions that ran in a low dtype or were bypassed (those in
-  allowed modules included); the FLOPs torch itself kept in float32 there are left out of it.
+  for their device, or under an outermost region disabled as written in a step whose other ops ran in a low
+  dtype (the "loss in float32" form, judged as the same region nested would be), per module. Their share of the
+  FLOPs, outside the modules `allow_float32` names, may be at most `max_float32_share` (default 0: none); below
+  it they are a note. The share's whole is the FLOPs of those ops and of the ops in enabled regions that ran in
+  a low dtype (allowed modules included); the FLOPs torch itself kept in float32 are left out of it.
 """
 
 from __future__ import annotations
@@ -125,21 +125,16 @@ def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violatio
                      expected=low, actual=full, cause="autocast_ineffective")
 
 
-def _unjudged_region_note(region: RegionUse, rules: AutocastRules) -> str:
-    """Why an outermost region that lowered nothing is not judged."""
+def _unjudged_region_note(region: RegionUse) -> str:
+    """Why an outermost region that lowered nothing, in a recipe that declares no `autocast_dtype`, is not judged."""
     full = ", ".join(region.full_dtypes) or "full precision"
     if region.requested is None:
         text = (f"{region.describe()} was made before the check started and torch turned it off (no usable "
                 f"{region.device_type} device, or {region.dtype} unsupported there), so whether it is enabled as "
                 f"written cannot be told: its {_ops(region)} ran in {full}.")
-    elif rules.declared is not None:  # disabled as written, in a step whose other ops ran in a low dtype
-        return (f"{region.describe()} is disabled as written: its {_ops(region)} ran in {full}, deliberately, as "
-                f"other ops of the same step ran in {rules.declared}.")
     else:
         text = f"{region.describe()} is disabled (enabled=False): its {_ops(region)} ran in {full}."
-    if rules.declared is None:
-        text += " Declare autocast_dtype on the recipe to fail runs in which autocast does nothing."
-    return text
+    return text + " Declare autocast_dtype on the recipe to fail runs in which autocast does nothing."
 
 
 @dataclasses.dataclass
@@ -153,7 +148,9 @@ class _Group:
 def _bypass_text(bypass: Bypass) -> str:
     where = f"Module '{bypass.module}'" if bypass.module is not None else "Code outside the State's modules"
     calls = f"{bypass.calls} call{'s' if bypass.calls != 1 else ''} of {', '.join(bypass.ops)}"
-    how = (f", with autocast turned off by {bypass.escape}" if bypass.escape is not None else
+    how = (", a region disabled as written in a step whose other ops ran in a low dtype"
+           if bypass.escape == bypass.region else
+           f", with autocast turned off by {bypass.escape}" if bypass.escape is not None else
            "; its inputs were torch.float64, which autocast never lowers")
     return f"{where} ran {calls} in {bypass.dtype} inside {bypass.region}{how}"
 
@@ -167,6 +164,8 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
     limit = (f"At most {100.0 * rules.max_float32_share:.3g}% may run in full precision "
              f"(max_float32_share={format_number(rules.max_float32_share)}) outside the modules allow_float32 names "
              f"({', '.join(map(repr, rules.allow_float32)) or 'none'}).")
+    where = "in enabled autocast regions" + (" and in the regions disabled as written beside them" if any(
+        g.bypass.escape == g.bypass.region for g in groups) else "")
     # At the default maximum of 0, a bypass whose FLOPs torch cannot count (a share of 0) still fails.
     if counted and (share > rules.max_float32_share or not rules.max_float32_share):
         violations = []
@@ -174,11 +173,14 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
             bypass = group.bypass
             name = bypass.module
             allow = f"allow_float32=({name!r},)" if name is not None else "a module of its own"
+            amount = (f"{_percent(bypass.flops, total)} of the FLOPs of the {WATCHED_OPS} ops {where} "
+                      f"({bypass.flops:.3g} of {total:.3g}; in all {_percent(full, total)} ran in full precision)"
+                      if bypass.flops else
+                      "FLOPs that torch's formula cannot count, so at max_float32_share=0 they fail whatever the share")
             violations.append(Violation(
                 "autocast_bypassed", f"modules.{name}" if name is not None else f"autocast.{bypass.region_function}",
-                f"{_bypass_text(bypass)}: {_percent(bypass.flops, total)} of the FLOPs of the {WATCHED_OPS} ops in "
-                f"enabled autocast regions ({bypass.flops:.3g} of {total:.3g}; in all {_percent(full, total)} ran in "
-                f"full precision). {limit} If it is deliberate (a float32 attention, say), allow it with {allow}.",
+                f"{_bypass_text(bypass)}: {amount}. {limit} If it is deliberate (a float32 attention, say), allow it "
+                f"with {allow}.",
                 step=group.step, expected=rules.max_float32_share, actual=float(format_number(share)),
                 cause="autocast_bypassed"))
         return violations, []
@@ -189,7 +191,7 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
                      + (f"; allowed by allow_float32 {glob!r})" if glob is not None else ")"))
     if not shown:
         return [], []
-    return [], [f"Full-precision ops inside enabled autocast regions: {'; '.join(shown)}. Outside the modules "
+    return [], [f"Full-precision ops {where}: {'; '.join(shown)}. Outside the modules "
                 f"allow_float32 names, {_percent(full, total)} of the FLOPs ran in full precision "
                 f"(max_float32_share={format_number(rules.max_float32_share)})."]
 
@@ -204,12 +206,16 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
     total = 0
     kept = 0
     for step, use in steps:
+        # A region disabled as written in a step that ran other ops in a low dtype is judged by its ops, as bypasses.
         lowered = any(low_precision(dtype) for dtype in use.calls_by_dtype)
+        bypasses = use.bypasses + use.disabled_bypasses if lowered else use.bypasses
         for region in use.regions:
-            judged = region.requested is True or (rules.declared is not None and region.outermost and not lowered)
+            judged = region.requested is True or (rules.declared is not None and region.outermost and (
+                not lowered or region.requested is None))
             if not judged:
-                note = _unjudged_region_note(region, rules)
-                if region.outermost and region.ops and region.low_ops == 0 and note not in notes:
+                note = _unjudged_region_note(region)
+                if region.outermost and region.ops and region.low_ops == 0 and not (
+                        lowered and region.requested is False) and note not in notes:
                     notes.append(note)
                 continue
             if region.ops == region.kept_ops:
@@ -230,9 +236,9 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
                 f"step() ran in a low dtype ({dtypes}): {where}. Run the forward under "
                 f"torch.autocast(device_type, dtype={rules.declared}).", step=step, expected=rules.declared,
                 actual=dtypes, cause="autocast_ineffective"))
-        total += use.low_flops + sum(b.flops for b in use.bypasses)
+        total += use.low_flops + sum(b.flops for b in bypasses)
         kept += use.kept_flops
-        for bypass in use.bypasses:
+        for bypass in bypasses:
             key = (bypass.module, bypass.region, bypass.escape, bypass.dtype)
             if key in groups:
                 group = groups[key].bypass

@@ -6,7 +6,7 @@
 - `_check`: `tp.check_worker_randomness`: iterates the loader with them, in this process;
 - `_judge`: the streams two workers of an epoch, or two epochs, walk alike.
 
-Like coverage, the check reads the user's loader in this process and shares `_coverage/_collect.py`'s handling of
+Like coverage, the check reads the user's loader in this process and shares `_batches/_reading.py`'s handling of
 the user's errors, of timeouts and of the workers' shutdown.
 """
 

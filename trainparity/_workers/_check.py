@@ -3,7 +3,7 @@ workers consume while they fetch.
 
 The check puts its recording `worker_init_fn` and `collate_fn` (`_record.py`) on the loader, around the user's
 own, and iterates `epochs` epochs (or `batches` batches of each) in this process the way `check_coverage` reads
-its iterables (`_coverage/_collect.py`): an exception of the user's pipeline is an ERROR result with its
+its iterables (`_batches/_reading.py`): an exception of the user's pipeline is an ERROR result with its
 traceback, and past `timeout` the reading is interrupted and the workers are killed. Whatever happens, the
 loader gets its own functions back and every worker the check started is shut down, persistent ones included.
 The records are judged by `_judge.py`.
