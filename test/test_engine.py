@@ -140,8 +140,11 @@ def test_the_stacks_dumped_before_the_kill_never_crash_the_child(isolation: str)
     # faulthandler's watchdog read the frames of running threads and could crash the child just before its
     # deadline: a hang reported as a SIGSEGV. Frames pushed and popped without end are the worst case.
     warm_up()  # the deadline is the children's, not the fork server's start
+    # A spawned child imports torch and this module before its task (and its dump) starts: seconds, and more than
+    # 8 on a loaded machine, where both children were killed before either began (no stack to look at).
+    seconds = {"process": 8, "spawn": 30}[isolation]
     outcomes = run_jobs([Job("test_engine:churn_frames", None, f"churn {i}") for i in range(2)],
-                        deadline=Deadline.after(8), isolation=isolation, concurrency=2)
+                        deadline=Deadline.after(seconds), isolation=isolation, concurrency=2)
     for outcome in outcomes:
         assert outcome.error is not None and outcome.error.kind in ("timeout", "abandoned"), outcome.error
     stacks = [o.error.traceback for o in outcomes if o.error is not None and o.error.kind == "timeout"]
