@@ -39,7 +39,6 @@ def test_a_list_of_tensors_is_judged_as_the_same_batches_one_by_one(ranks: list[
 @pytest.mark.parametrize("batches", [
     [torch.tensor([0, 1]), torch.tensor([2, 3], dtype=torch.int32)],     # another dtype
     [torch.tensor([0, 1]), torch.tensor([[2], [3]])],                    # another shape
-    [torch.tensor([0, 1, 2, 3])[::2], torch.tensor([3])],                # not contiguous
     [torch.tensor([0, 1]), [2, 3]],                                       # not a tensor
 ])
 def test_lists_of_other_batches_take_the_loop_and_say_the_same(batches: list[object]) -> None:
@@ -55,3 +54,30 @@ def test_int_tensors_after_string_ids_are_refused_as_the_loop_refuses_them() -> 
     with pytest.raises(TypeError) as looped:
         tp.check_coverage({0: [["a", "b"]], 1: iter([torch.tensor([0, 1])])}, policy=tp.NoCrossRankOverlap())
     assert str(listed.value) == str(looped.value)
+
+
+def test_strided_tensors_are_read_as_their_values() -> None:
+    """Tensors that are not contiguous (every other element, a broadcast) are read in the same one call."""
+    batches = [torch.arange(8)[::2], torch.arange(1, 8, 2)[[0, 1]], torch.tensor([5]).expand(2)]
+    listed = tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(8)))
+    looped = tp.check_coverage({0: one_by_one(batches)}, policy=tp.ExactlyOnce(range(8)))
+    assert listed.report() == looped.report()
+    assert listed.counts == {"same_rank_duplicate": 1, "missing_id": 1}, listed.counts
+
+
+def test_ranks_of_equal_lists_fill_one_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first rank reserves room for the ranks of its window after it: one allocation, no copy as it grows
+    (each fresh buffer costs the first touch of its pages)."""
+    import trainparity._coverage._collect as collect
+
+    sizes: list[int] = []
+    allocate = collect._empty
+
+    def counted(size: int, dtype: object) -> object:
+        sizes.append(size)
+        return allocate(size, dtype)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(collect, "_empty", counted)
+    ranks = {rank: list(torch.arange(rank * 1000, (rank + 1) * 1000).split(64)) for rank in range(4)}
+    assert tp.check_coverage(ranks, policy=tp.ExactlyOnce(range(4000))).passed
+    assert sizes == [4000]
