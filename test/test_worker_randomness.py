@@ -309,6 +309,38 @@ def test_a_user_collate_object_is_searched_for_streams() -> None:
     assert first(tp.check_worker_randomness(loader, epochs=1)) == ("collate_fn.rng", "worker_rng_shared", 0, 1)
 
 
+class Collator:
+    """A collate function that is a method of an object holding its generator (`collate_fn=collator.collate`)."""
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def collate(self, samples: list[float]) -> torch.Tensor:
+        return default_collate(samples) * float(self.rng.random())
+
+
+class NumbersWithCollate(datasets.Numbers):
+    """A dataset whose own method is the collate function: its streams are the dataset's, found once."""
+
+    def __init__(self) -> None:
+        super().__init__(kind="none")
+        self.rng = np.random.default_rng(0)
+
+    def collate(self, samples: list[float]) -> torch.Tensor:
+        return default_collate(samples) * float(self.rng.random())
+
+
+def test_the_object_of_a_collate_method_is_searched_for_streams() -> None:
+    loader = DataLoader(datasets.Numbers(kind="none"), batch_size=4, num_workers=2, collate_fn=Collator().collate)
+    assert first(tp.check_worker_randomness(loader, epochs=1)) == ("collate_fn.__self__.rng", "worker_rng_shared",
+                                                                    0, 1)
+    data = NumbersWithCollate()
+    result = tp.check_worker_randomness(DataLoader(data, batch_size=4, num_workers=2, collate_fn=data.collate),
+                                        epochs=1)
+    assert first(result) == ("dataset.rng", "worker_rng_shared", 0, 1)
+    assert {violation.path for violation in result.violations} == {"dataset.rng"}
+
+
 @pytest.mark.parametrize(("argv", "status", "headline"), [
     (["worker-randomness", "worker_datasets:augmented"], 0, "trainparity worker_randomness check: PASS"),
     (["worker-randomness", "worker_datasets:augmented(fault='persistent_epoch_seed')", "--epochs", "3"], 1,
