@@ -81,3 +81,19 @@ def test_ranks_of_equal_lists_fill_one_buffer(monkeypatch: pytest.MonkeyPatch) -
     ranks = {rank: list(torch.arange(rank * 1000, (rank + 1) * 1000).split(64)) for rank in range(4)}
     assert tp.check_coverage(ranks, policy=tp.ExactlyOnce(range(4000))).passed
     assert sizes == [4000]
+
+
+def test_a_sparse_tensor_in_a_list_is_refused_as_the_loop_refuses_it() -> None:
+    batches = [torch.tensor([0, 1, 2]).to_sparse(), torch.tensor([3])]
+    with pytest.raises(TypeError) as listed:
+        tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(4)))
+    with pytest.raises(TypeError) as looped:
+        tp.check_coverage({0: iter(batches)}, policy=tp.ExactlyOnce(range(4)))
+    assert str(listed.value) == str(looped.value)
+
+
+def test_the_buffer_is_on_the_cpu_whatever_the_default_device() -> None:
+    batches = [torch.arange(4, device="cpu"), torch.arange(4, 8, device="cpu")]
+    with torch.device("meta"):
+        result = tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(8)))
+    assert result.passed, result.report()

@@ -330,6 +330,39 @@ class NumbersWithCollate(datasets.Numbers):
         return default_collate(samples) * float(self.rng.random())
 
 
+class Transform:
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def collate(self, samples: list[float]) -> torch.Tensor:
+        return default_collate(samples) * float(self.rng.random())
+
+
+class NumbersWithTransform(datasets.Numbers):
+    def __init__(self) -> None:
+        super().__init__(kind="none")
+        self.transform = Transform()
+
+
+class DataModule:
+    """Holds the dataset, and collates with its transform (a LightningDataModule's shape)."""
+
+    def __init__(self) -> None:
+        self.data = NumbersWithTransform()
+
+    def collate(self, samples: list[float]) -> torch.Tensor:
+        return self.data.transform.collate(samples)
+
+
+def test_a_stream_both_the_dataset_and_the_collate_method_reach_is_named_once() -> None:
+    data = NumbersWithTransform()
+    module = DataModule()
+    for loader in (DataLoader(data, batch_size=4, num_workers=2, collate_fn=data.transform.collate),
+                   DataLoader(module.data, batch_size=4, num_workers=2, collate_fn=module.collate)):
+        result = tp.check_worker_randomness(loader, epochs=1)
+        assert {violation.path for violation in result.violations} == {"dataset.transform.rng"}, result.report()
+
+
 def test_the_object_of_a_collate_method_is_searched_for_streams() -> None:
     loader = DataLoader(datasets.Numbers(kind="none"), batch_size=4, num_workers=2, collate_fn=Collator().collate)
     assert first(tp.check_worker_randomness(loader, epochs=1)) == ("collate_fn.__self__.rng", "worker_rng_shared",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ctypes
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -32,15 +32,17 @@ Window = tuple[int, Mapping[int, Any]]
 _WORD = 8
 #: the most IDs reserved ahead of need from an iterator's length hint
 _MAX_AHEAD = 2**24
-_DTYPE, _NDIM, _IS_CPU = operator.attrgetter("dtype"), operator.attrgetter("ndim"), operator.attrgetter("is_cpu")
+_DTYPE, _NDIM, _IS_CPU, _LAYOUT = (operator.attrgetter(name) for name in ("dtype", "ndim", "is_cpu", "layout"))
 
 
 def _empty(size: int, dtype: np.dtype[Any]) -> IdArray:
     """An uninitialized array in memory that torch allocates: numpy advises the kernel to back its own large
     buffers with huge pages, and where the kernel then compacts memory on the first touch (transparent huge pages
     in `madvise` mode with `defrag` on madvise) that first touch cost several times the whole audit (measured with
-    `python tools/bench.py coverage`, first call)."""
-    return torch.empty(size * dtype.itemsize, dtype=torch.uint8).numpy().view(dtype)
+    `python tools/bench.py coverage`, first call). A CPU storage whatever torch's default device, and not
+    `torch.empty`, which fills every byte under `torch.use_deterministic_algorithms(True)`."""
+    storage = cast(Any, torch.UntypedStorage)(size * dtype.itemsize, device="cpu")  # untyped in torch's stubs
+    return torch.empty(0, dtype=torch.uint8, device="cpu").set_(storage).numpy().view(dtype)
 
 
 class _Streams:
@@ -106,12 +108,12 @@ class _Streams:
 
     def read_tensors(self, batches: list[Any] | tuple[Any, ...], phase: str, ranks_after: int) -> bool:
         """A list of ID tensors as a test or a recorder collects them, each an exact one-dimensional int64 CPU
-        tensor (strided or not): read without the per-batch loop (whose cost bounds the audit's throughput on
+        tensor (dense, strided or not): read without the per-batch loop (whose cost bounds the audit's throughput on
         small batches), in one `torch.cat` into the buffer. False, reading nothing, when the list holds anything
         else, or the IDs read so far are not ints: `read` takes it then."""
         if not batches or self._first_kind is not None and not self._ints or set(map(type, batches)) != {
                 torch.Tensor} or set(map(_DTYPE, batches)) != {torch.int64} or set(map(_NDIM, batches)) != {1} \
-                or not all(map(_IS_CPU, batches)):
+                or not all(map(_IS_CPU, batches)) or set(map(_LAYOUT, batches)) != {torch.strided}:
             return False
         self._begin_rank(len(batches), ranks_after)
         lengths = np.fromiter(map(torch.Tensor.numel, batches), dtype=np.int64, count=len(batches))

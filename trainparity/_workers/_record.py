@@ -68,14 +68,15 @@ class Process:
     start: Start | None = None
 
 
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, functools.partial)
 #: check token -> this process's recording state
 _RUNS: dict[str, Process] = {}
 
 
 def roots(dataset: Any, collate: Any) -> list[tuple[str, Any]]:
     """Where object streams are looked for: the dataset, and the user's collate function when it is an object, or
-    the object it is a method of (`collate_fn=collator.collate`; not the dataset again, already a root)."""
+    the object it is a method of (`collate_fn=collator.collate`; not the dataset, walked already). A stream that
+    two roots reach is recorded once, by the dataset's path (`snapshot`)."""
     found: list[tuple[str, Any]] = [("dataset", dataset)]
     if isinstance(collate, types.MethodType):
         if collate.__self__ is not dataset and not isinstance(collate.__self__, (type, types.ModuleType)):

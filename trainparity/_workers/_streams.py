@@ -69,11 +69,14 @@ def reachable_streams(root: Any, name: str) -> Iterator[tuple[str, str, Any]]:
 def snapshot(roots: list[tuple[str, Any]], *,
              globals_too: bool = True) -> tuple[dict[str, StreamDigest], dict[str, str]]:
     """The digests of the global streams (`globals_too`) and of those reachable from `roots`, by path, with the
-    kind of each object stream."""
+    kind of each object stream: a stream reachable from several roots once, by the path of the first root that
+    reaches it (`dataset.transform.rng`, not also `collate_fn.__self__.rng`)."""
     states = global_states() if globals_too else {}
     kinds: dict[str, str] = {}
+    found: set[int] = set()
     for name, root in roots:
         for path, kind, stream in reachable_streams(root, name):
-            if path not in states:
+            if path not in states and id(stream) not in found:
+                found.add(id(stream))
                 states[path], kinds[path] = stream_digest(kind, stream), kind
     return states, kinds
