@@ -319,29 +319,20 @@ class Collator:
         return default_collate(samples) * float(self.rng.random())
 
 
-class NumbersWithCollate(datasets.Numbers):
+class NumbersWithCollate(datasets.Numbers, Collator):
     """A dataset whose own method is the collate function: its streams are the dataset's, found once."""
 
     def __init__(self) -> None:
-        super().__init__(kind="none")
-        self.rng = np.random.default_rng(0)
-
-    def collate(self, samples: list[float]) -> torch.Tensor:
-        return default_collate(samples) * float(self.rng.random())
-
-
-class Transform:
-    def __init__(self) -> None:
-        self.rng = np.random.default_rng(0)
-
-    def collate(self, samples: list[float]) -> torch.Tensor:
-        return default_collate(samples) * float(self.rng.random())
+        datasets.Numbers.__init__(self, kind="none")
+        Collator.__init__(self)
 
 
 class NumbersWithTransform(datasets.Numbers):
+    """A dataset whose transform's method is the collate function (`collate_fn=dataset.transform.collate`)."""
+
     def __init__(self) -> None:
         super().__init__(kind="none")
-        self.transform = Transform()
+        self.transform = Collator()
 
 
 class DataModule:
