@@ -239,7 +239,7 @@ def test_streams_reachable_from_the_dataset_and_their_digests() -> None:
             self.model.rng = np.random.default_rng(4)
             self.again = self.transform.chain[0]  # the same stream by two paths: its shortest one
 
-    found = [(path, kind) for path, kind, _ in reachable_streams(Data(), "dataset")]
+    found = [(path, kind) for path, kind, _ in reachable_streams(Data(), "dataset", set())]
     assert found == [("dataset.again", "random.Random"), ("dataset.model.rng", "numpy.random.Generator"),
                      ("dataset.transform.generators.noise", "torch.Generator"),
                      ("dataset.transform.chain.1", "numpy.random.RandomState")]

@@ -75,11 +75,11 @@ _RUNS: dict[str, Process] = {}
 
 def roots(dataset: Any, collate: Any) -> list[tuple[str, Any]]:
     """Where object streams are looked for: the dataset, and the user's collate function when it is an object, or
-    the object it is a method of (`collate_fn=collator.collate`; not the dataset, walked already). A stream that
-    two roots reach is recorded once, by the dataset's path (`snapshot`)."""
+    the object it is a method of (`collate_fn=collator.collate`). What two roots reach is walked and recorded
+    once, by the dataset's path (`snapshot`)."""
     found: list[tuple[str, Any]] = [("dataset", dataset)]
     if isinstance(collate, types.MethodType):
-        if collate.__self__ is not dataset and not isinstance(collate.__self__, (type, types.ModuleType)):
+        if not isinstance(collate.__self__, (type, types.ModuleType)):
             found.append(("collate_fn.__self__", collate.__self__))
     elif collate is not None and hasattr(collate, "__dict__") and not isinstance(collate, _FUNCTIONS):
         found.append(("collate_fn", collate))

@@ -46,9 +46,12 @@ def _children(value: Any) -> Iterator[tuple[str, Any]]:
             yield from ((k, v) for k, v in attributes.items() if not k.startswith("__"))
 
 
-def reachable_streams(root: Any, name: str) -> Iterator[tuple[str, str, Any]]:
-    """(path, kind, stream) of the random streams reachable from `root`, each once, by its shortest path."""
-    seen = {id(root)}
+def reachable_streams(root: Any, name: str, seen: set[int]) -> Iterator[tuple[str, str, Any]]:
+    """(path, kind, stream) of the random streams reachable from `root`, each once, by its shortest path; objects
+    in `seen` (walked from an earlier root) are not walked again, and those walked here are added to it."""
+    if id(root) in seen:
+        return
+    seen.add(id(root))
     queue = collections.deque([(name, root, 0)])
     visited = 0
     while queue and visited < MAX_OBJECTS:
@@ -69,14 +72,13 @@ def reachable_streams(root: Any, name: str) -> Iterator[tuple[str, str, Any]]:
 def snapshot(roots: list[tuple[str, Any]], *,
              globals_too: bool = True) -> tuple[dict[str, StreamDigest], dict[str, str]]:
     """The digests of the global streams (`globals_too`) and of those reachable from `roots`, by path, with the
-    kind of each object stream: a stream reachable from several roots once, by the path of the first root that
-    reaches it (`dataset.transform.rng`, not also `collate_fn.__self__.rng`)."""
+    kind of each object stream. The roots share one walk: what an earlier root reached is neither walked nor
+    recorded again (`dataset.transform.rng`, not also `collate_fn.__self__.rng`)."""
     states = global_states() if globals_too else {}
     kinds: dict[str, str] = {}
-    found: set[int] = set()
+    seen: set[int] = set()
     for name, root in roots:
-        for path, kind, stream in reachable_streams(root, name):
-            if path not in states and id(stream) not in found:
-                found.add(id(stream))
+        for path, kind, stream in reachable_streams(root, name, seen):
+            if path not in states:
                 states[path], kinds[path] = stream_digest(kind, stream), kind
     return states, kinds
