@@ -345,6 +345,60 @@ def test_recipe_error_is_an_error_result() -> None:
     assert isinstance(result.exception, ValueError)
 
 
+def test_an_error_of_the_candidate_in_this_process_names_the_candidate() -> None:
+    # In this process one task runs both, window by window: the failure is the run's that raised.
+    result = check(recipes.RaisesInCandidate)
+    assert result.outcome is tp.Outcome.ERROR
+    assert result.error is not None and result.error.phase == "candidate"
+    assert str(result.exception) == "boom in the candidate's second window"
+
+
+def test_a_timeout_of_the_candidate_in_this_process_names_the_candidate() -> None:
+    result = check(recipes.HangsInCandidate, timeout=1.0)
+    assert result.error is not None and (result.error.kind, result.error.phase) == ("timeout", "candidate")
+
+
+def test_in_this_process_the_reference_keeps_no_copy_of_what_the_candidate_agrees_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The reference's State after a window is its live tensors until the candidate has run the same window: where
+    # they agree neither trace keeps a copy, and what differs is copied before the reference trains on.
+    traces: list[Any] = []
+    judge = trainparity._accumulation.judge_accumulation
+
+    def keep(reference: Any, candidate: Any, *args: Any) -> tp.AccumulationResult:
+        traces.append((reference, candidate))
+        return judge(reference, candidate, *args)
+
+    monkeypatch.setattr(trainparity._accumulation, "judge_accumulation", keep)
+    assert check(recipes.Scaled).passed
+    failed = check(recipes.NoZeroGrad)
+    assert failed.first_violation is not None and failed.first_violation.step == 2
+
+    def kept(window: Any) -> list[str]:
+        """How the window's tensors are held (its other leaves are the optimizers' hyperparameters)."""
+        leaves = [*window.parameters.values(), *window.optimizers.values()]
+        return sorted({"copy" if isinstance(leaf, torch.Tensor) else "note" for leaf in leaves
+                       if isinstance(leaf, torch.Tensor) or "agreed in both runs" in str(leaf)})
+
+    (scaled_reference, scaled_candidate), (faulty_reference, _) = traces
+    assert [kept(window) for window in scaled_reference.windows] == [["note"], ["note"]]
+    assert all(window.parameters == mate.parameters for window, mate in
+               zip(scaled_reference.windows, scaled_candidate.windows, strict=True))
+    assert [kept(window) for window in faulty_reference.windows] == [["note"], ["copy"]]
+    # What was copied is the reference's State after window 2, as a run in its own process reports it.
+    alone = check(recipes.NoZeroGrad, isolation="process", timeout=60)
+    assert [(v.kind, v.path, v.step, v.cause, v.expected, v.actual) for v in failed.violations] == [
+        (v.kind, v.path, v.step, v.cause, v.expected, v.actual) for v in alone.violations]
+
+
+def test_a_state_that_setup_shares_between_the_runs_differs_at_the_start() -> None:
+    # The candidate is set up after the reference's first window, so a module-level model shows as trained.
+    result = check(recipes.SharedModel)
+    assert result.outcome is tp.Outcome.ABSTAIN
+    first = result.first_violation
+    assert first is not None and first.kind == "initial_state_mismatch" and first.path.startswith("model.")
+
+
 def test_batches_that_run_out_are_an_error_naming_the_window() -> None:
     result = check(recipes.OneBatch, cycles=2)
     assert result.outcome is tp.Outcome.ERROR

@@ -8,6 +8,7 @@ fault; `ExactLinear` is exact in binary arithmetic and passes the default exact 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import pytest
@@ -514,6 +515,37 @@ class NoisyStep(MLP):
 class RaisesInStep(MLP):
     def step(self, state: tp.State, batch: Any) -> Any:
         raise ValueError("boom in step")
+
+
+class RaisesInCandidate(MLP):
+    """Raises at the first micro-batch of the second window, in the candidate only (after the reference's second
+    window, in lockstep)."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        if self.accumulation_steps > 1 and state.micro == self.accumulation_steps:
+            raise ValueError("boom in the candidate's second window")
+        return super().step(state, batch)
+
+
+class HangsInCandidate(MLP):
+    """Hangs at its first micro-batch, in the candidate only."""
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        if self.accumulation_steps > 1:
+            time.sleep(3600)
+        return super().step(state, batch)
+
+
+#: the one model of SharedModel, whichever run builds it
+SHARED_MODEL = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+
+
+class SharedModel(MLP):
+    """setup() returns the same module-level model every call: the run set up second starts from what the first
+    one trained."""
+
+    def model(self) -> nn.Module:
+        return SHARED_MODEL
 
 
 class NoAccumulationParameter(tp.Recipe):
