@@ -8,7 +8,9 @@ fault; `ExactLinear` is exact in binary arithmetic and passes the default exact 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -518,8 +520,7 @@ class RaisesInStep(MLP):
 
 
 class RaisesInCandidate(MLP):
-    """Raises at the first micro-batch of the second window, in the candidate only (after the reference's second
-    window, in lockstep)."""
+    """Raises at the first micro-batch of the second window, in the candidate only."""
 
     def step(self, state: tp.State, batch: Any) -> Any:
         if self.accumulation_steps > 1 and state.micro == self.accumulation_steps:
@@ -536,8 +537,41 @@ class HangsInCandidate(MLP):
         return super().step(state, batch)
 
 
-#: the one model of SharedModel, whichever run builds it
+class CandidateFailsFirst(MLP):
+    """One batch in all (the reference runs out at window 2); the candidate raises in window 1."""
+
+    def batches(self, state: tp.State) -> Any:
+        return iter([next(iter(state.loader))])
+
+    def step(self, state: tp.State, batch: Any) -> Any:
+        if self.accumulation_steps > 1:
+            raise ValueError("boom in the candidate's first window")
+        return super().step(state, batch)
+
+
+#: the optimizer steps taken so far, nanoGPT's `iter_num` as a module global
+ITERATIONS = 0
+
+
+class ModuleLevelCounter(MLP):
+    """A learning-rate warm-up read from a module-level step counter that setup() resets."""
+
+    def setup(self) -> tp.State:
+        global ITERATIONS
+        ITERATIONS = 0
+        return super().setup()
+
+    def update(self, state: tp.State) -> None:
+        global ITERATIONS
+        for group in state.optimizer.param_groups:
+            group["lr"] = 0.1 * min(1.0, (ITERATIONS + 1) / 10)
+        ITERATIONS += 1
+        super().update(state)
+
+
+#: the one model of SharedModel and ModuleLevelModelReset, whichever run builds it, and its first weights
 SHARED_MODEL = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+SHARED_INITIAL = {name: tensor.clone() for name, tensor in SHARED_MODEL.state_dict().items()}
 
 
 class SharedModel(MLP):
@@ -546,6 +580,28 @@ class SharedModel(MLP):
 
     def model(self) -> nn.Module:
         return SHARED_MODEL
+
+
+class ModuleLevelModelReset(MLP):
+    """A module-level model (built once) that setup() loads its first weights into."""
+
+    def model(self) -> nn.Module:
+        SHARED_MODEL.load_state_dict(SHARED_INITIAL)
+        return SHARED_MODEL
+
+
+#: the models alive when each setup() of CountsLiveModels began
+ALIVE_AT_SETUP: list[int] = []
+_LIVE_MODELS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+class CountsLiveModels(MLP):
+    def setup(self) -> tp.State:
+        gc.collect()
+        ALIVE_AT_SETUP.append(len(_LIVE_MODELS))
+        state = super().setup()
+        _LIVE_MODELS.add(state.model)
+        return state
 
 
 class NoAccumulationParameter(tp.Recipe):

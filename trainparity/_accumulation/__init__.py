@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, cast
 
 from trainparity._accumulation._judge import judge_accumulation
-from trainparity._accumulation._run import AccumulationPayload, SplitFunction, lockstep_traces
+from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
 from trainparity._process import _session
@@ -43,7 +43,6 @@ from trainparity._state._rng import validate_seed
 __all__ = ["check_accumulation"]
 
 TASK = "trainparity._accumulation._run:accumulation_run"
-LOCKSTEP_TASK = "trainparity._accumulation._run:accumulation_lockstep"
 BATCH_DEPENDENT_MODES = ("fail", "eval")
 
 
@@ -148,11 +147,14 @@ def check_accumulation(
     candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
     judged_by = effective_comparison(declared, precision)
     if isolation == "inprocess":
-        # Both runs in one task, window by window: the candidate holds the reference's tensors wherever its own
-        # agree with them under the comparison, and neither keeps a copy of what agrees (`_run.py`).
-        lockstep = (reference, dataclasses.replace(candidate, comparison=judged_by))
-        outcomes = run_jobs([Job(LOCKSTEP_TASK, lockstep, "reference", decode=lockstep_traces)], deadline=deadline,
-                            isolation=isolation)
+        # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
+        # agree with them under the comparison: it copies, and the process pages in, only what differs.
+        outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire)],
+                            deadline=deadline, isolation=isolation)
+        if outcomes[0].error is None:
+            sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by)
+            outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
+                                 deadline=deadline, isolation=isolation)
     else:
         outcomes = run_jobs(
             [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
@@ -167,5 +169,5 @@ def check_accumulation(
         if hint is not None:
             result.notes.append(hint)
         return result
-    reference_trace, candidate_trace = outcomes[0].output if len(outcomes) == 1 else (o.output for o in outcomes)
+    reference_trace, candidate_trace = (o.output for o in outcomes)
     return judge_accumulation(reference_trace, candidate_trace, k, judged_by, config, precision, batch_dependent)

@@ -71,9 +71,7 @@ def _float(value: Any) -> float:
 
 
 class Observer(HookSet):
-    """Hooks on one State's objects; use as a context manager around the observed calls, entered once or again
-    for each stretch of them (the accumulation check's runs in lockstep enter theirs window by window), what it
-    recorded kept in between.
+    """Hooks on one State's objects; use as a context manager around the observed calls.
 
     Between `begin_call()` and `end_call()` everything observed is attributed to that call.
     `record_contributions` turns on the per-parameter gradient hooks (a sample per backward).
@@ -230,9 +228,9 @@ class Observer(HookSet):
         if old:
             setattr(module, attribute, 0.0)
             self._stack.callback(setattr, module, attribute, old)
-        said = self.dropout.modules if old else self.dropout.inactive
-        if path not in said:  # an observer entered again (window by window) finds the same modules
-            said.append(path)
+            self.dropout.modules.append(path)
+        else:
+            self.dropout.inactive.append(path)
 
     def _patch(self, functions: dict[Callable[..., Any], str],
                make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:

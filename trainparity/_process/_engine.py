@@ -22,7 +22,6 @@ stacks.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import math
 import os
@@ -232,32 +231,7 @@ def _server_not_ready(jobs: Sequence[Job], deadline: Deadline) -> list[JobOutcom
     return [first, *(_abandoned(job, "not started: the fork server was still starting") for job in jobs[1:])]
 
 
-#: the phase of the job running in this process, which its task may rename (`enter_phase`)
-_INPROCESS_PHASE: contextvars.ContextVar[list[str]] = contextvars.ContextVar("trainparity_inprocess_phase")
-
-
-def enter_phase(phase: str) -> None:
-    """Name the phase that a task run in this process enters, where one task runs several (the accumulation
-    check's two runs, in lockstep): what fails from here on, an exception or the deadline, is that phase's. In a
-    child process, where a job is one phase, this does nothing."""
-    running = _INPROCESS_PHASE.get(None)
-    if running is not None:
-        running[0] = phase
-
-
 def _run_inprocess(job: Job, deadline: Deadline) -> JobOutcome:
-    running = [job.phase]
-    token = _INPROCESS_PHASE.set(running)
-    try:
-        outcome = _run_task_inprocess(job, deadline)
-    finally:
-        _INPROCESS_PHASE.reset(token)
-    if outcome.error is None:
-        return outcome
-    return dataclasses.replace(outcome, phase=running[0], error=dataclasses.replace(outcome.error, phase=running[0]))
-
-
-def _run_task_inprocess(job: Job, deadline: Deadline) -> JobOutcome:
     unused = contextlib.nullcontext(pathlib.Path(tempfile.gettempdir()) / "trainparity-no-workdir")
     with scratch_directory("trainparity-") if job.workdir else unused as workdir:
         try:

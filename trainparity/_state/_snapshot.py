@@ -55,7 +55,7 @@ class Sharing:
 
     def leaf(self, path: str, tensor: torch.Tensor) -> torch.Tensor | None:
         known = self.expected.get(path)
-        if isinstance(known, torch.Tensor) and known.device.type == tensor.device.type == "cpu" and (
+        if isinstance(known, torch.Tensor) and tensor.device.type == "cpu" and (
                 compare_tensors(known, tensor, self.comparison) is None):
             return known
         return None
@@ -95,22 +95,20 @@ def _keyed_items(value: dict[Any, Any]) -> list[tuple[str, Any]]:
 
 
 def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = None,
-            sharing: Sharing | None = None, borrow: bool = False) -> None:
-    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested, or shared).
-    `borrow`: a tensor's leaf is its values themselves, not a copy, for a caller that copies them before they
-    change (the accumulation check's reference, in lockstep with its candidate)."""
-    _flatten(path, value, out, digesting, {}, sharing, borrow)
+            sharing: Sharing | None = None) -> None:
+    """Add `value` under `path`: containers become dotted sub-paths, leaves are copied (or digested, or shared)."""
+    _flatten(path, value, out, digesting, {}, sharing)
 
 
 def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str],
-             sharing: Sharing | None, borrow: bool) -> None:
+             sharing: Sharing | None) -> None:
     if isinstance(value, (dict, list, tuple)):
         if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
             out[path] = f"<the container at {enclosing[id(value)]}>"
             return
         numbers = _number_tensor(value)
         if numbers is not None:
-            _flatten(path, numbers, out, digesting, enclosing, sharing, borrow)
+            _flatten(path, numbers, out, digesting, enclosing, sharing)
             return
         if not value:  # an empty container is a value too: None, {} and a missing entry differ
             out[path] = EMPTY_DICT if isinstance(value, dict) else EMPTY_SEQUENCE
@@ -118,13 +116,13 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
         enclosing[id(value)] = path
         items = _keyed_items(value) if isinstance(value, dict) else [(str(i), v) for i, v in enumerate(value)]
         for key, item in items:
-            _flatten(f"{path}.{key}", item, out, digesting, enclosing, sharing, borrow)
+            _flatten(f"{path}.{key}", item, out, digesting, enclosing, sharing)
         del enclosing[id(value)]
     elif isinstance(value, (torch.Tensor, np.ndarray)):
         values = readable(value) if isinstance(value, torch.Tensor) else _array_values(value)
         shared = sharing.leaf(path, values) if sharing is not None and isinstance(values, torch.Tensor) else None
         if isinstance(values, list):  # a nested tensor's components, an array of strings or objects
-            _flatten(path, values, out, digesting, enclosing, sharing, borrow)
+            _flatten(path, values, out, digesting, enclosing, sharing)
         elif isinstance(values, str):
             out[path] = values
         elif shared is not None:
@@ -132,7 +130,7 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
         elif digesting is not None and digesting.applies(path, values):
             out[path] = digest(values)
         else:
-            out[path] = values.detach() if borrow else copied_to_cpu(values)
+            out[path] = copied_to_cpu(values)
     else:
         out[path] = to_leaf(value)
 
