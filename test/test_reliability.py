@@ -24,7 +24,7 @@ from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueE
 from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
-from trainparity._process import _engine, _launchers, _wire
+from trainparity._process import _engine, _launchers, _scratch, _wire
 from trainparity._process._child import RESULT_FILE
 
 pytestmark = pytest.mark.numeric
@@ -92,7 +92,7 @@ def test_ctrl_c_at_any_moment_of_a_check_leaves_nothing_running(tmp_path: pathli
     assert resume(Faulty()).outcome is tp.Outcome.PASS
 
 
-@pytest.mark.parametrize("guard", [(_launchers, "signals_deferred"), (_engine, "_sigterm_cleans_up")],
+@pytest.mark.parametrize("guard", [(_launchers, "signals_deferred"), (_scratch, "_sigterm_cleans_up")],
                          ids=["signals_deferred", "sigterm_cleans_up"])
 def test_an_interrupt_as_the_signals_are_changed_still_restores_them(guard: tuple[object, str],
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,6 +286,68 @@ def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_file
     assert still_running([*recorded_pids(pids), server]) == []
     assert list(temporary.glob("trainparity-*")) == []  # torch may keep caches there (torchinductor_<user>)
 
+
+
+def test_sigterm_during_a_check_in_this_process_removes_its_temporary_files(tmp_path: pathlib.Path) -> None:
+    """No child runs, yet the check holds directories (the checkpoint's, the run's workdir): SIGTERM must not end
+    the process before they are removed."""
+    pids, temporary = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    temporary.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import trainparity as tp
+        from fault_recipes import Faulty
+        tp.check_resume(Faulty("hang", pid_dir={str(pids)!r}), steps=4, resume_at=2, isolation="inprocess",
+                        timeout=120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(temporary)})
+    try:
+        deadline = time.monotonic() + 60
+        while not recorded_pids(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert recorded_pids(pids), "the recipe did not start"
+        assert list(temporary.glob("trainparity-checkpoint-*")), "the check made no checkpoint directory"
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=30) == 128 + signal.SIGTERM  # after cleaning up, as a shell reports SIGTERM
+    finally:
+        parent.kill()
+        parent.wait()
+    assert list(temporary.glob("trainparity-*")) == []
+
+
+def test_a_check_that_a_killed_child_was_running_leaves_no_temporary_files(tmp_path: pathlib.Path) -> None:
+    """A child that imports the recipe's module runs what the module runs at import, an in-process check
+    included; killed at the deadline, it cannot remove that check's directories: its parent must."""
+    pids, temporary = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    temporary.mkdir()
+    (tmp_path / "imports_a_check.py").write_text(textwrap.dedent(f"""
+        import os
+        import trainparity as tp
+        from fault_recipes import Faulty
+
+        class Outer(Faulty):
+            pass
+
+        if "TRAINPARITY_JOB" in os.environ:  # in the check's children only, as a script without a __main__ guard
+            tp.check_resume(Faulty("hang", pid_dir={str(pids)!r}), steps=2, resume_at=1, isolation="inprocess",
+                            timeout=600)
+    """))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path[:0] = [{str(HERE)!r}, {str(tmp_path)!r}]
+        import trainparity as tp
+        from imports_a_check import Outer
+        print(tp.check_resume(Outer(), steps=2, resume_at=1, timeout=20).outcome.name)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(temporary)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "ERROR", done.stdout + done.stderr
+    assert recorded_pids(pids), "the check at import did not start"
+    assert still_running(recorded_pids(pids)) == []
+    assert sorted(temporary.rglob("trainparity-*")) == []
 
 # 9. What is not compared is said ---------------------------------------------------------------------------------
 

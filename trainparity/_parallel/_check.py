@@ -28,8 +28,9 @@ from trainparity._parallel._judge import judge_data_parallel
 from trainparity._parallel._rank import REFERENCE, RankPayload
 from trainparity._parallel._trace import RankTrace
 from trainparity._process import _session
-from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs, scratch_directory
+from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs
 from trainparity._process._options import Deadline, Isolation
+from trainparity._process._scratch import scratch_directory
 from trainparity._process._world import validate_backend, world_isolation
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import DataParallelResult

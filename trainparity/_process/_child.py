@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from trainparity._process import _wire as wire
+from trainparity._process._scratch import make_scratch_directories_in
 from trainparity._process._tree import JOB_MARKER
 
 RESULT_FILE = "result.bin"
@@ -137,6 +138,7 @@ def run_request(data: bytes) -> int:
 
     torch.set_num_threads(request.threads)  # jobs side by side must not oversubscribe the cores
     workdir = pathlib.Path(request.workdir)
+    make_scratch_directories_in(workdir)  # the parent removes them even after killing this process
     stacks = open(workdir / STACKS_FILE, "w")  # noqa: SIM115 - open until the process ends
     faulthandler.enable(stacks, all_threads=True)
     cancel_dump = _dump_stacks_at(request.dump_stacks_at, stacks)

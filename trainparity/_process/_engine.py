@@ -28,14 +28,11 @@ import os
 import pathlib
 import pickle
 import re
-import secrets
-import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainparity._process import _wire as wire
@@ -54,6 +51,7 @@ from trainparity._process._child import (
 )
 from trainparity._process._launchers import SERVER, SERVER_LOCK, ForkServer, Spawner
 from trainparity._process._options import Deadline
+from trainparity._process._scratch import scratch_directory
 from trainparity._process._session import refuse_processes_while_importing
 from trainparity._results._violation import ChildError
 
@@ -121,51 +119,6 @@ def first_failure(outcomes: Sequence[JobOutcome]) -> JobOutcome | None:
 # -- running jobs ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def scratch_directory(prefix: str) -> Iterator[pathlib.Path]:
-    """A new temporary directory, removed on the way out, even by a Ctrl-C that comes as it is made:
-    its name is chosen before it exists, so the cleanup knows it whenever the signal arrives."""
-    while True:
-        path = pathlib.Path(tempfile.gettempdir()) / f"{prefix}{secrets.token_hex(6)}"
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            continue
-        except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
-            raise
-        break
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while children were running: every cleanup on the way out runs (children
-    killed, temporary files removed), then the process exits with status 143 (128 + SIGTERM)."""
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-
-@contextlib.contextmanager
-def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into `Terminated` while jobs run (main thread, where no handler was set)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    try:
-        signal.signal(signal.SIGTERM, terminate)  # inside the `try`: an interrupt right after still restores
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 #: what a failed job does to the others: nothing, abandon the jobs after it, or abandon all
 FAILURE_POLICIES = ("continue", "later", "all")
 
@@ -203,7 +156,7 @@ def run_jobs(
             else:
                 done.append(_run_inprocess(job, deadline))
         return done
-    with scratch_directory("trainparity-") as workroot, _sigterm_cleans_up(), SERVER_LOCK:
+    with scratch_directory("trainparity-") as workroot, SERVER_LOCK:
         launcher = SERVER if isolation == "process" else Spawner()
         if launcher is SERVER:
             try:

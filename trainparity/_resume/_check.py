@@ -14,8 +14,9 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from trainparity._process import _session
-from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs, scratch_directory
+from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
 from trainparity._process._options import Deadline, Isolation
+from trainparity._process._scratch import scratch_directory
 from trainparity._process._world import World, validate_backend, world_isolation
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe

@@ -21,8 +21,8 @@ import torch
 
 from trainparity._accumulation._diagnoses import close, norm
 from trainparity._process import _session
-from trainparity._process._engine import scratch_directory
 from trainparity._process._options import Deadline
+from trainparity._process._scratch import scratch_directory
 from trainparity._results._result import RunsResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._resume._trace import RunTrace, StepRecord

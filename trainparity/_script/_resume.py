@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainparity._process import _session
-from trainparity._process._engine import scratch_directory
 from trainparity._process._options import Deadline
+from trainparity._process._scratch import scratch_directory
 from trainparity._results._result import ResumeResult
 from trainparity._results._violation import ChildError
 from trainparity._resume._judge import judge_resume
