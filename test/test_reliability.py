@@ -279,7 +279,7 @@ def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_file
             time.sleep(0.1)
         assert len(recorded_pids(pids)) >= 2, "the recipe did not start"
         parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=30) == 128 + signal.SIGTERM  # after cleaning up, as a shell reports SIGTERM
+        assert parent.wait(timeout=30) == -signal.SIGTERM  # ended by SIGTERM, after cleaning up
     finally:
         parent.kill()
         parent.wait()
@@ -287,34 +287,45 @@ def test_sigterm_to_the_parent_kills_the_children_and_removes_the_temporary_file
     assert list(temporary.glob("trainparity-*")) == []  # torch may keep caches there (torchinductor_<user>)
 
 
-
-def test_sigterm_during_a_check_in_this_process_removes_its_temporary_files(tmp_path: pathlib.Path) -> None:
-    """No child runs, yet the check holds directories (the checkpoint's, the run's workdir): SIGTERM must not end
-    the process before they are removed."""
-    pids, temporary = tmp_path / "pids", tmp_path / "tmp"
+def test_sigterm_during_a_check_under_a_test_runner_ends_the_run_and_removes_the_temporary_files(
+        tmp_path: pathlib.Path) -> None:
+    """A check in this process holds directories (the checkpoint's, the run's workdir) though no child runs; and a
+    test runner catches the SystemExit that unwinds the check, then runs the next test: SIGTERM must still remove
+    the directories, then end the process."""
+    pids, temporary, after = tmp_path / "pids", tmp_path / "tmp", tmp_path / "the next test ran"
     pids.mkdir()
     temporary.mkdir()
-    script = textwrap.dedent(f"""
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(f"""
+        import pathlib
         import sys
+        import unittest
         sys.path.insert(0, {str(HERE)!r})
         import trainparity as tp
         from fault_recipes import Faulty
-        tp.check_resume(Faulty("hang", pid_dir={str(pids)!r}), steps=4, resume_at=2, isolation="inprocess",
-                        timeout=120)
-    """)
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(temporary)})
+
+        class Training(unittest.TestCase):
+            def test_a_resume(self):
+                tp.check_resume(Faulty("hang", pid_dir={str(pids)!r}), steps=4, resume_at=2, isolation="inprocess",
+                                timeout=120)
+
+            def test_b_next(self):
+                pathlib.Path({str(after)!r}).touch()
+    """))
+    runner = subprocess.Popen([sys.executable, "-m", "unittest", "test_user"], cwd=tmp_path,
+                              env={**os.environ, "TMPDIR": str(temporary)})
     try:
         deadline = time.monotonic() + 60
         while not recorded_pids(pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert recorded_pids(pids), "the recipe did not start"
         assert list(temporary.glob("trainparity-checkpoint-*")), "the check made no checkpoint directory"
-        parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=30) == 128 + signal.SIGTERM  # after cleaning up, as a shell reports SIGTERM
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=30) == -signal.SIGTERM
     finally:
-        parent.kill()
-        parent.wait()
+        runner.kill()
+        runner.wait()
     assert list(temporary.glob("trainparity-*")) == []
+    assert not after.exists()
 
 
 def test_a_check_that_a_killed_child_was_running_leaves_no_temporary_files(tmp_path: pathlib.Path) -> None:

@@ -1,7 +1,9 @@
 """Scratch directories: removed on the way out, whatever ends the work that made them.
 
 An exception or Ctrl-C runs the cleanup; SIGTERM is turned into `Terminated` while a directory exists (in the
-main thread, where no handler was set), so it runs too. SIGKILL runs nothing: the engine kills a child that
+main thread, where no handler was set), so it runs too, and then SIGTERM ends the process as it would have
+without trainparity: test runners catch a test's SystemExit and go on (pytest and unittest both do), which would
+turn a CI's cancellation into one failed test. SIGKILL runs nothing: the engine kills a child that
 way (at the deadline, on a peer's failure), and a check the child was running (one called at module level in
 the module it imported to rebuild a recipe) would leave its directories behind. A child therefore makes its
 scratch directories in its job's workdir, which the parent removes once the child is gone.
@@ -10,6 +12,7 @@ scratch directories in its job's workdir, which the parent removes once the chil
 from __future__ import annotations
 
 import contextlib
+import os
 import pathlib
 import secrets
 import shutil
@@ -52,7 +55,7 @@ def scratch_directory(prefix: str) -> Iterator[pathlib.Path]:
 
 class Terminated(SystemExit):
     """SIGTERM arrived while a scratch directory existed: every cleanup on the way out runs (children killed,
-    temporary files removed), then the process exits with status 143 (128 + SIGTERM)."""
+    temporary files removed), then SIGTERM, sent again, ends the process (status 143 in a shell)."""
 
     def __init__(self) -> None:
         super().__init__(128 + signal.SIGTERM)
@@ -60,12 +63,16 @@ class Terminated(SystemExit):
 
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
-    """Turn SIGTERM into `Terminated` (main thread, where no handler was set: an enclosing one stays)."""
+    """Turn SIGTERM into `Terminated` (main thread, where no handler was set: an enclosing one stays); on the way
+    out, once the handler is undone, a SIGTERM that arrived ends the process, however the exception was handled."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
+    arrived = False
 
     def terminate(signum: int, frame: object) -> None:
+        nonlocal arrived
+        arrived = True
         raise Terminated
 
     try:
@@ -73,3 +80,5 @@ def _sigterm_cleans_up() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if arrived:
+            os.kill(os.getpid(), signal.SIGTERM)
