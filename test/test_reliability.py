@@ -351,7 +351,7 @@ def test_a_check_that_a_killed_child_was_running_leaves_no_temporary_files(tmp_p
         sys.path[:0] = [{str(HERE)!r}, {str(tmp_path)!r}]
         import trainparity as tp
         from imports_a_check import Outer
-        print(tp.check_resume(Outer(), steps=2, resume_at=1, timeout=20).outcome.name)
+        print(tp.check_resume(Outer(), steps=2, resume_at=1, timeout=45).outcome.name)
     """)
     done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(temporary)},
                           capture_output=True, text=True, timeout=120)
@@ -359,6 +359,79 @@ def test_a_check_that_a_killed_child_was_running_leaves_no_temporary_files(tmp_p
     assert recorded_pids(pids), "the check at import did not start"
     assert still_running(recorded_pids(pids)) == []
     assert sorted(temporary.rglob("trainparity-*")) == []
+
+
+def _run_with_a_scratch_directory(tmp_path: pathlib.Path, body: str, after: str = "") -> tuple[int, str, pathlib.Path]:
+    """Run `body` in a fresh interpreter inside `scratch_directory` (as `path`), then `after`, with TMPDIR in
+    `tmp_path`; return the exit status (negative: the signal that ended it), its output, and the temporary
+    directory."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    script = "import os, pathlib, signal, sys, time\nfrom trainparity._process._scratch import scratch_directory\n" \
+        "with scratch_directory('trainparity-') as path:\n" + textwrap.indent(textwrap.dedent(body), "    ") + after
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TMPDIR": str(temporary)},
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stdout + done.stderr, temporary
+
+
+def test_a_second_sigterm_does_not_cut_the_cleanup_the_first_started(tmp_path: pathlib.Path) -> None:
+    code, output, temporary = _run_with_a_scratch_directory(tmp_path, """
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            print("cleaned up", flush=True)
+    """)
+    assert code == -signal.SIGTERM and "cleaned up" in output, (code, output)
+    assert list(temporary.iterdir()) == []
+
+
+def test_a_sigterm_pending_as_the_handler_is_undone_still_ends_the_process(tmp_path: pathlib.Path) -> None:
+    """CPython runs a pending handler before `signal.signal` changes it: SIGTERM sent just then raises in the
+    cleanup, which must still undo the handler (or every later check would leave SIGTERM to a caught exit)."""
+    code, output, temporary = _run_with_a_scratch_directory(tmp_path, """
+        real = signal.signal
+        def sigterm_first(signum, handler):
+            if handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return real(signum, handler)
+        signal.signal = sigterm_first
+    """)
+    assert code == -signal.SIGTERM, (code, output)
+    assert list(temporary.iterdir()) == []
+
+
+def test_a_process_forked_during_a_check_dies_of_sigterm_without_removing_the_check_s_directory(
+        tmp_path: pathlib.Path) -> None:
+    """A recipe's helper forked from the main thread inherits the handler and a copy of the check's stack:
+    unwinding that copy would remove the directories the check is still using."""
+    code, output, temporary = _run_with_a_scratch_directory(tmp_path, """
+        ready, started = os.pipe()
+        helper = os.fork()
+        if helper == 0:
+            os.write(started, b"1")  # once the interpreter runs: a signal sent during fork() is dropped
+            time.sleep(30)
+            os._exit(0)
+        os.read(ready, 1)
+        os.kill(helper, signal.SIGTERM)
+        _, status = os.waitpid(helper, 0)
+        print("helper ended by signal", os.WTERMSIG(status) if os.WIFSIGNALED(status) else None)
+        print("directory there:", path.is_dir(), flush=True)
+    """)
+    assert code == 0, (code, output)
+    assert f"helper ended by signal {int(signal.SIGTERM)}" in output and "directory there: True" in output, output
+    assert list(temporary.iterdir()) == []
+
+
+def test_a_sigterm_handler_installed_during_a_check_is_kept(tmp_path: pathlib.Path) -> None:
+    code, output, _ = _run_with_a_scratch_directory(tmp_path, """
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGTERM, mine)
+    """, after='print("after:", signal.getsignal(signal.SIGTERM).__name__)\n')
+    assert code == 0 and "after: mine" in output, (code, output)
 
 # 9. What is not compared is said ---------------------------------------------------------------------------------
 

@@ -35,7 +35,9 @@ def make_scratch_directories_in(directory: pathlib.Path) -> None:
 @contextlib.contextmanager
 def scratch_directory(prefix: str) -> Iterator[pathlib.Path]:
     """A new directory, removed on the way out, even by a Ctrl-C or SIGTERM that comes as it is made: its name
-    is chosen before it exists, so the cleanup knows it whenever the signal arrives."""
+    is chosen before it exists, so the cleanup knows it whenever the signal arrives. Only the process that made
+    it removes it (a process forked meanwhile, unwinding a copy of this stack, leaves it to its maker)."""
+    maker = os.getpid()
     with _sigterm_cleans_up():
         while True:
             path = (_root or pathlib.Path(tempfile.gettempdir())) / f"{prefix}{secrets.token_hex(6)}"
@@ -44,13 +46,28 @@ def scratch_directory(prefix: str) -> Iterator[pathlib.Path]:
             except FileExistsError:
                 continue
             except BaseException:
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
                 raise
             break
         try:
             yield path
         finally:
+            if os.getpid() == maker:
+                _remove(path)
+
+
+def _remove(path: pathlib.Path) -> None:
+    """`rmtree`, started again when a signal interrupts it (SIGTERM only once, see `_sigterm_cleans_up`; Ctrl-C
+    each time it is pressed), then the interruption goes on."""
+    interruption: BaseException | None = None
+    while True:
+        try:
             shutil.rmtree(path, ignore_errors=True)
+            break
+        except (KeyboardInterrupt, Terminated) as arrived:
+            interruption = arrived
+    if interruption is not None:
+        raise interruption
 
 
 class Terminated(SystemExit):
@@ -64,21 +81,39 @@ class Terminated(SystemExit):
 @contextlib.contextmanager
 def _sigterm_cleans_up() -> Iterator[None]:
     """Turn SIGTERM into `Terminated` (main thread, where no handler was set: an enclosing one stays); on the way
-    out, once the handler is undone, a SIGTERM that arrived ends the process, however the exception was handled."""
+    out, once the handler is undone, a SIGTERM that arrived ends the process, however the exception was handled.
+
+    Only the first SIGTERM raises: a second one must not cut the cleanup that the first started. A process
+    forked meanwhile (a recipe's helper) inherits the handler but none of this: SIGTERM ends it at once.
+    """
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    arrived = False
+    owner, arrived = os.getpid(), False
 
     def terminate(signum: int, frame: object) -> None:
         nonlocal arrived
-        arrived = True
-        raise Terminated
+        if os.getpid() != owner:
+            _die_of_sigterm()
+        if not arrived:
+            arrived = True
+            raise Terminated
 
     try:
         signal.signal(signal.SIGTERM, terminate)  # inside the `try`: an interrupt right after still restores
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        while True:  # a SIGTERM pending as the handler is undone runs it first (raising, if it is the first)
+            try:
+                if signal.getsignal(signal.SIGTERM) is terminate:  # not one installed meanwhile by the user's code
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                break
+            except Terminated:
+                continue
         if arrived:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _die_of_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
