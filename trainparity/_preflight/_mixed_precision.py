@@ -330,8 +330,8 @@ def check_mixed_precision(
     ops all ran in full precision (`autocast_ineffective`), and such ops run in float32 inside an
     enabled region, per module, beyond `max_float32_share` of their FLOPs outside the modules the
     globs of `allow_float32` name (`autocast_bypassed`). `isolation` is "inprocess" (default),
-    "process" or "spawn"; `timeout` bounds a run in a child process. Never raises for a FAIL;
-    misuse raises TypeError/ValueError.
+    "process" or "spawn"; `timeout` bounds the whole check (in-process too: the run is interrupted at the
+    deadline). Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
     if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int)
                                           or max_skipped_steps < 0):

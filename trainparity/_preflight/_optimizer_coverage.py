@@ -344,7 +344,8 @@ def check_optimizer_coverage(
     (`frozen_param_changed`) or that it stepped with a `.grad` that was not None
     (`frozen_param_optimized`); a frozen parameter it holds that is neither is a note. Tied weights
     are one parameter. `isolation` is "inprocess" (default), "process" or "spawn"; `timeout` bounds
-    a run in a child process. Never raises for a FAIL; misuse raises TypeError/ValueError.
+    the whole check (in-process too: the run is interrupted at the deadline). Never raises for a FAIL; misuse
+    raises TypeError/ValueError.
     """
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=0, seed=seed, isolation=isolation,
                                   timeout=timeout)
