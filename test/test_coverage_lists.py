@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import hypothesis.strategies as st
+import numpy as np
 import pytest
 import torch
 from hypothesis import example, given, settings
 
 import trainparity as tp
+import trainparity._coverage._collect as collect
 
 pytestmark = pytest.mark.exact
 
@@ -36,6 +38,54 @@ def test_a_list_of_tensors_is_judged_as_the_same_batches_one_by_one(ranks: list[
     assert listed.violations == looped.violations
 
 
+@st.composite
+def runs_of_batches(draw: st.DrawFn) -> list[torch.Tensor]:
+    """Batches in runs of one length, as samplers deal them (many of one size, a shorter last one), long enough
+    runs for `_cat_ranges` to concatenate them alone."""
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
+    batches: list[torch.Tensor] = []
+    for length, count in draw(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 40)), max_size=5)):
+        batches += [torch.randint(-2, 150, (length,), generator=generator) for _ in range(count)]
+    return batches
+
+
+@settings(deadline=None, max_examples=40)
+@given(ranks=st.lists(runs_of_batches(), min_size=1, max_size=3))
+def test_lists_in_runs_of_equal_lengths_are_judged_as_the_same_batches_one_by_one(
+        ranks: list[list[torch.Tensor]]) -> None:
+    policies = [tp.ExactlyOnce(range(140)), tp.NoCrossRankOverlap()]
+    listed = tp.check_coverage(dict(enumerate(ranks)), policy=policies)
+    looped = tp.check_coverage({rank: one_by_one(batches) for rank, batches in enumerate(ranks)}, policy=policies)
+    assert listed.report() == looped.report()
+    assert listed.violations == looped.violations
+
+
+def test_long_runs_of_equal_lengths_are_concatenated_alone_and_short_runs_together() -> None:
+    lengths = np.array([64] * 20 + [16] + [3, 3, 5] + [8] * 16 + [2, 0], dtype=np.int64)
+    assert collect._cat_ranges(lengths) == [(0, 20), (20, 24), (24, 40), (40, 42)]
+    assert collect._cat_ranges(np.array([5, 6, 7], dtype=np.int64)) == [(0, 3)]
+
+
+def test_a_list_torch_cat_refuses_part_way_is_read_one_by_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor that torch.cat refuses (on another device, of another layout) after a run it has copied: nothing of
+    the list counts as read, and the loop reads it all (here the refusal is staged: CUDA is not needed)."""
+    concatenate, calls = torch.cat, []
+
+    def refusing_the_second(tensors: list[torch.Tensor], **kwargs: object) -> torch.Tensor:
+        calls.append(len(tensors))
+        if len(calls) == 2:
+            raise RuntimeError("Expected all tensors to be on the same device")
+        return concatenate(tensors, **kwargs)  # type: ignore[arg-type]
+
+    batches = [torch.arange(i * 4, i * 4 + 4) for i in range(20)] + [torch.tensor([5, 200])]
+    looped = tp.check_coverage({0: one_by_one(batches)}, policy=tp.ExactlyOnce(range(82)))
+    monkeypatch.setattr(torch, "cat", refusing_the_second)
+    listed = tp.check_coverage({0: batches}, policy=tp.ExactlyOnce(range(82)))
+    assert calls == [20, 1]
+    assert listed.report() == looped.report()
+    assert listed.counts == {"same_rank_duplicate": 1, "unexpected_id": 1, "missing_id": 2}, listed.counts
+
+
 @pytest.mark.parametrize("batches", [
     [torch.tensor([0, 1]), torch.tensor([2, 3], dtype=torch.int32)],     # another dtype
     [torch.tensor([0, 1]), torch.tensor([[2], [3]])],                    # another shape
@@ -50,6 +100,8 @@ def test_lists_of_other_batches_take_the_loop_and_say_the_same(batches: list[obj
 @pytest.mark.parametrize("ranks", [
     {0: [["a", "b"]], 1: [torch.tensor([0, 1])]},                          # int tensors after string IDs
     {0: [torch.tensor([0, 1, 2]).to_sparse(), torch.tensor([3])]},        # a sparse tensor
+    {0: [*torch.arange(40).split(2), torch.tensor([0, 1, 2]).to_sparse()]},  # after a run torch.cat copies
+    {0: [torch.arange(2), torch.arange(2, 4, device="meta")]},             # a meta tensor: no values
 ])
 def test_lists_the_loop_refuses_are_refused_alike(ranks: dict[int, list[object]]) -> None:
     with pytest.raises(TypeError) as listed:

@@ -68,6 +68,8 @@ def sample_id_array(ids: Any, where: str) -> IdArray:
     if isinstance(ids, torch.Tensor):
         if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise TypeError(f"{where}: sample IDs must be integers or strings, got a {ids.dtype} tensor")
+        if ids.is_meta:
+            raise TypeError(f"{where}: sample IDs must have values, got a tensor on the meta device (it holds none)")
         ids = (ids if ids.is_cpu else ids.cpu()).numpy()  # integer tensors never require grad: no detach
     if isinstance(ids, np.ndarray):
         if ids.dtype.kind in "iu":

@@ -32,7 +32,7 @@ Window = tuple[int, Mapping[int, Any]]
 _WORD = 8
 #: the most IDs reserved ahead of need from an iterator's length hint
 _MAX_AHEAD = 2**24
-_DTYPE, _NDIM, _IS_CPU, _LAYOUT = (operator.attrgetter(name) for name in ("dtype", "ndim", "is_cpu", "layout"))
+_DTYPE, _NDIM = operator.attrgetter("dtype"), operator.attrgetter("ndim")
 
 
 def _empty(size: int, dtype: np.dtype[Any]) -> IdArray:
@@ -109,24 +109,30 @@ class _Streams:
     def read_tensors(self, batches: list[Any] | tuple[Any, ...], phase: str, ranks_after: int) -> bool:
         """A list of ID tensors as a test or a recorder collects them, each an exact one-dimensional int64 CPU
         tensor (dense, strided or not): read without the per-batch loop (whose cost bounds the audit's throughput on
-        small batches), in one `torch.cat` into the buffer. False, reading nothing, when the list holds anything
+        small batches), by `torch.cat` into the buffer. False, reading nothing, when the list holds anything
         else, or the IDs read so far are not ints: `read` takes it then."""
         if not batches or self._first_kind is not None and not self._ints or set(map(type, batches)) != {
-                torch.Tensor} or set(map(_DTYPE, batches)) != {torch.int64} or set(map(_NDIM, batches)) != {1} \
-                or not all(map(_IS_CPU, batches)) or set(map(_LAYOUT, batches)) != {torch.strided}:
+                torch.Tensor} or set(map(_DTYPE, batches)) != {torch.int64} or set(map(_NDIM, batches)) != {1}:
             return False
         self._begin_rank(len(batches), ranks_after)
         lengths = np.fromiter(map(torch.Tensor.numel, batches), dtype=np.int64, count=len(batches))
         starts = self.size + np.cumsum(lengths) - lengths
         end = self.size + int(lengths.sum())
-        self.batch_starts += starts.tolist()
+        self.batch_starts += starts.tolist()  # before `_reserve`, which reads how many batches the rank has
         self.batch_workers += [-1] * len(batches)
-        if end == self.size:
-            return True
-        if self._first_kind is None:
+        ids = torch.from_numpy(self._reserve(end, np.dtype(np.int64)))
+        try:
+            # One call per run of equal lengths rather than one for the whole list (`_cat_ranges`); either is a
+            # fraction of the time of a `ctypes.memmove` per batch.
+            for first, stop in _cat_ranges(lengths):
+                torch.cat(batches[first:stop], out=ids[int(starts[first]):int(starts[stop - 1] + lengths[stop - 1])])
+        except (RuntimeError, NotImplementedError):
+            # A tensor on another device (CUDA, meta) or of another layout (sparse), which torch.cat refuses: asking
+            # every tensor first would cost as much as the copy. Nothing counts as read.
+            del self.batch_starts[self._rank_batch:], self.batch_workers[self._rank_batch:]
+            return False
+        if self._first_kind is None and end > self.size:
             self._first_kind, self._ints = ("int", f"{phase}, batch {int(np.flatnonzero(lengths)[0])}"), True
-        # one call for the whole list: a third of the time of a `ctypes.memmove` per batch
-        torch.cat(batches, out=torch.from_numpy(self._reserve(end, np.dtype(np.int64))[self.size:end]))
         self.size = end
         return True
 
@@ -173,6 +179,32 @@ class _Streams:
                 if len(array):
                     self._append(array, phase, index)
             index += 1
+
+
+#: equal-length batches that `_cat_ranges` gives a `torch.cat` call of their own
+_RUN = 16
+
+
+def _cat_ranges(lengths: np.ndarray[Any, np.dtype[np.int64]]) -> list[tuple[int, int]]:
+    """The [first, stop) ranges of batches to concatenate with one `torch.cat` each.
+
+    torch.cat copies inputs of one shape through one reused iterator, and builds an iterator per input (about four
+    times the cost per 64-ID batch) when their shapes differ: a list of batches as a sampler deals them, all of one
+    size but a shorter last one, costs a quarter as much in two calls as in one. So each run of at least `_RUN`
+    equal lengths gets its own call, and what lies between such runs one call, so that batches of many sizes
+    cost no more calls than they have long runs.
+    """
+    bounds = [0, *(np.flatnonzero(np.diff(lengths)) + 1).tolist(), len(lengths)]
+    ranges: list[tuple[int, int]] = []
+    joining = False  # whether the last range holds short runs, which a next short run joins
+    for first, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        short = stop - first < _RUN
+        if short and joining:
+            ranges[-1] = (ranges[-1][0], stop)
+        else:
+            ranges.append((first, stop))
+        joining = short
+    return ranges
 
 
 def epoch_groups(windows: list[Window]) -> list[int]:
