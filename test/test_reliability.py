@@ -153,7 +153,7 @@ def test_a_grandchild_in_its_own_session_does_not_survive_the_check(
     isolation: str, fault: str, outcome: tp.Outcome, pid_dir: pathlib.Path
 ) -> None:
     # long enough for a spawned interpreter to import torch and reach the step
-    timeout = 60 if outcome is tp.Outcome.PASS else 8 if isolation == "process" else 20
+    timeout = 60 if outcome is tp.Outcome.PASS or isolation == "spawn" else 8
     result = resume(Faulty(fault, pid_dir=str(pid_dir)), isolation=isolation, timeout=timeout)
     assert result.outcome is outcome, result.report()
     assert len(recorded_pids(pid_dir)) >= 2  # the child and its grandchild did start

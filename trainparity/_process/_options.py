@@ -20,9 +20,14 @@ def validate_isolation(isolation: object) -> str:
     return str(isolation)
 
 
+#: the longest timeout, in seconds (over three years): the interval timer that bounds an in-process run takes no
+#: infinity, and overflows the platform's time_t at about 1e10
+MAX_TIMEOUT = 1e8
+
+
 def validate_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout= must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ValueError(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:g}, got {timeout!r}")
     return float(timeout)
 
 
