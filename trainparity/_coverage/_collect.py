@@ -116,8 +116,8 @@ class _Streams:
             return False
         self._begin_rank(len(batches), ranks_after)
         lengths = np.fromiter(map(torch.Tensor.numel, batches), dtype=np.int64, count=len(batches))
-        starts = self.size + np.cumsum(lengths) - lengths
-        end = self.size + int(lengths.sum())
+        ends = self.size + np.cumsum(lengths)
+        starts, end = ends - lengths, int(ends[-1])
         self.batch_starts += starts.tolist()  # before `_reserve`, which reads how many batches the rank has
         self.batch_workers += [-1] * len(batches)
         ids = torch.from_numpy(self._reserve(end, np.dtype(np.int64)))
@@ -125,7 +125,7 @@ class _Streams:
             # One call per run of equal lengths rather than one for the whole list (`_cat_ranges`); either is a
             # fraction of the time of a `ctypes.memmove` per batch.
             for first, stop in _cat_ranges(lengths):
-                torch.cat(batches[first:stop], out=ids[int(starts[first]):int(starts[stop - 1] + lengths[stop - 1])])
+                torch.cat(batches[first:stop], out=ids[int(starts[first]):int(ends[stop - 1])])
         except (RuntimeError, NotImplementedError):
             # A tensor on another device (CUDA, meta) or of another layout (sparse), which torch.cat refuses: asking
             # every tensor first would cost as much as the copy. Nothing counts as read.
