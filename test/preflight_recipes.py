@@ -446,3 +446,61 @@ class DisabledScaler(StepsOptimizerDirectly):
         loss = super().step(state, batch)
         state.scaler.update()
         return loss
+
+
+class LazyNet(nn.Module):
+    """Lazy layers, given their sizes by the first forward pass: a body, and an auxiliary head that runs when
+    `use_aux` and takes no part in the output."""
+
+    def __init__(self, use_aux: bool) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.LazyLinear(16), nn.ReLU(), nn.Linear(16, 1))
+        self.aux = nn.LazyLinear(3)
+        self.use_aux = use_aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_aux:
+            self.aux(x)
+        return self.body(x)  # type: ignore[no-any-return]
+
+
+class LazyModel(MLP):
+    """Clean: the optimizer holds lazy parameters that no forward pass has given a size yet (as torch allows); the
+    auxiliary head is given one by `setup()` and frozen."""
+
+    def __init__(self, accumulation_steps: int = 1) -> None:
+        self.accumulation_steps = accumulation_steps
+
+    def model(self) -> nn.Module:
+        model = LazyNet(use_aux=False)
+        model.aux(torch.zeros(1, 8))
+        model.aux.requires_grad_(False)
+        return model
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.micro = 0
+        return state
+
+    def batches(self, state: tp.State) -> Iterator[Batch]:
+        cursor = state.micro // self.accumulation_steps  # a resumed run goes on where the checkpoint left
+        while True:
+            generator = torch.Generator().manual_seed(cursor)
+            yield torch.randn(8, 8, generator=generator), torch.randn(8, 1, generator=generator)
+            cursor += 1
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        loss = self.loss(state, batch) / self.accumulation_steps
+        loss.backward()
+        state.micro += 1
+        if state.micro % self.accumulation_steps == 0:
+            state.optimizer.step()
+            state.optimizer.zero_grad()
+        return loss.detach()
+
+
+class LazyUnusedHead(MLP):
+    """The lazy auxiliary head runs in every forward pass (which sizes it) and never reaches the loss."""
+
+    def model(self) -> nn.Module:
+        return LazyNet(use_aux=True)

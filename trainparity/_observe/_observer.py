@@ -38,6 +38,7 @@ import torch.nn.utils.clip_grad as clip_grad
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.parameter import is_lazy
 
 from trainparity._compat import GradScaler
 from trainparity._observe._forwards import ForwardRecorder
@@ -139,8 +140,6 @@ class Observer(HookSet):
         self._steps_seen = 0
         #: the `scaler.step()` call running now, if any
         self._scaler_step: ScalerStep | None = None
-        total = sum(p.numel() for pairs in self.optimizer_parameters.values() for _, p in pairs)
-        self.stride = max(1, total // SAMPLE_ELEMENTS)
         self.dropout = Dropout()
         #: batch-dependent modules that ran in training mode ("fail") or were run in eval mode ("eval")
         self.batch_dependent: set[str] = set()
@@ -169,11 +168,15 @@ class Observer(HookSet):
             self._wrap_method(self.scaler, "step", self._scaler_step_begin, self._scaler_step_end)
             self._wrap_method(self.scaler, "update", self._scaler_update, self._scaler_updated)
         if self.record_contributions:
+            lazy: list[tuple[str, torch.Tensor]] = []
             for pairs in self.optimizer_parameters.values():
                 for name, parameter in pairs:
-                    if parameter.requires_grad:
-                        hook = functools.partial(self._contribution, name)
-                        stack.callback(parameter.register_hook(hook).remove)  # type: ignore[no-untyped-call]
+                    if is_lazy(parameter):
+                        lazy.append((name, parameter))
+                    elif parameter.requires_grad:
+                        self._hook_contribution(name, parameter)
+            if lazy:
+                self._hook_when_materialized(lazy)
         for entry, module in self.modules.items():
             for sub_name, sub in module.named_modules():
                 path = f"{entry}.{sub_name}" if sub_name else entry
@@ -334,6 +337,24 @@ class Observer(HookSet):
             if step.scale_after is None:
                 step.scale_after = float(self.scaler.get_scale())
 
+    def _hook_contribution(self, name: str, parameter: torch.Tensor) -> None:
+        hook = functools.partial(self._contribution, name)
+        self._stack.callback(parameter.register_hook(hook).remove)  # type: ignore[no-untyped-call]
+
+    def _hook_when_materialized(self, lazy: list[tuple[str, torch.Tensor]]) -> None:
+        """Hook the parameters of lazy modules once a forward pass has given them a size (no hook can be put on
+        them before): a forward hook of every module, removed when none is left to hook."""
+        def hook_materialized(module: nn.Module, args: Any, output: Any) -> None:
+            for name, parameter in [pair for pair in lazy if not is_lazy(pair[1])]:
+                lazy.remove((name, parameter))
+                if parameter.requires_grad:
+                    self._hook_contribution(name, parameter)
+            if not lazy:
+                handle.remove()
+
+        handle = nn.modules.module.register_module_forward_hook(hook_materialized)
+        self._stack.callback(handle.remove)
+
     def _contribution(self, name: str, grad: torch.Tensor) -> None:
         if self.call is None:
             return
@@ -415,6 +436,13 @@ class Observer(HookSet):
         if self.forwards is not None:
             call.forwards = self.forwards.end_call()
         return call
+
+    @functools.cached_property
+    def stride(self) -> int:
+        """The sampling stride, taken at the first sample: a lazy module's parameters have no size before the
+        forward that materializes them (one that never ran is left out)."""
+        total = sum(p.numel() for pairs in self.optimizer_parameters.values() for _, p in pairs if not is_lazy(p))
+        return max(1, total // SAMPLE_ELEMENTS)
 
     def sample(self, tensor: torch.Tensor, scale: float | None = None) -> torch.Tensor:
         """Every `stride`-th element of a (gradient) tensor, as a float64 CPU copy, divided by `scale`."""

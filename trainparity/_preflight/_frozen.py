@@ -106,7 +106,14 @@ def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> dict[str, Any]:
             watched.update({path: reference for path, (reference, frozen) in buffers.items() if frozen})
         else:
             names = [path.split(".", 1)[1] for path in [*parameters, *buffers]]
-            misuse = unmatched_globs(payload.frozen, names, "frozen", "parameter or buffer of the State")
+            lazy = [name for name, _ in state_parameters(state, lazy=True).values()
+                    if f"parameters.{name}" not in parameters]
+            misuse = unmatched_globs(payload.frozen, names + lazy, "frozen", "parameter or buffer of the State")
+            if misuse is None and any(matches(name, payload.frozen) for name in lazy):
+                misuse = (f"frozen=: {', '.join(name for name in lazy if matches(name, payload.frozen))} belong to a "
+                          "lazy module that no forward pass has given values yet, so they cannot be watched from the "
+                          "start; materialize them in setup() with a forward pass of a dummy batch (as torch advises "
+                          "for lazy modules)")
             if misuse is not None:
                 return FrozenTrace(watch.record, misuse).to_wire()
             every: dict[str, torch.Tensor | BufferRef] = {**parameters, **{p: ref for p, (ref, _) in buffers.items()}}

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from trainparity._preflight._run import (
     Preflight,
@@ -47,7 +48,8 @@ class Parameter:
     """A parameter of the State at one moment, with every optimizer group that lists it."""
 
     name: str
-    shape: list[int]
+    #: None: a lazy module's parameter that no forward pass has given a size yet
+    shape: list[int] | None
     trainable: bool
     #: `<optimizer entry>.param_groups.<i>`, once per listing
     groups: list[str]
@@ -61,7 +63,7 @@ class Foreign:
 
     group: str
     position: int
-    shape: list[int]
+    shape: list[int] | None
 
 
 @dataclasses.dataclass
@@ -120,8 +122,12 @@ def _tied_names(state: State, parameters: dict[int, tuple[str, torch.Tensor]]) -
     return tied
 
 
+def _shape_of(tensor: torch.Tensor) -> list[int] | None:
+    return None if is_lazy(tensor) else list(tensor.shape)
+
+
 def _layout(state: State, step: int) -> Layout:
-    parameters = state_parameters(state)
+    parameters = state_parameters(state, lazy=True)
     tied = _tied_names(state, parameters)
     groups: dict[int, list[str]] = {key: [] for key in parameters}
     optimizers: dict[str, int] = {}
@@ -135,8 +141,8 @@ def _layout(state: State, step: int) -> Layout:
                 if id(tensor) in groups:
                     groups[id(tensor)].append(where)
                 else:
-                    foreign.setdefault(entry, []).append(Foreign(where, position, list(tensor.shape)))
-    return Layout(step, [Parameter(name, list(tensor.shape), tensor.requires_grad, groups[key], tied.get(key, []))
+                    foreign.setdefault(entry, []).append(Foreign(where, position, _shape_of(tensor)))
+    return Layout(step, [Parameter(name, _shape_of(tensor), tensor.requires_grad, groups[key], tied.get(key, []))
                          for key, (name, tensor) in parameters.items()], optimizers, foreign)
 
 
@@ -148,7 +154,7 @@ def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> 
                          after_step=watch.after_step) as (recipe, observer):
         state = observer.state
         layouts = [_layout(state, 0)]
-        known = state_parameters(state)
+        known = state_parameters(state, lazy=True)
         held = {id(p): (f"parameters.{known[id(p)][0]}", p) for pairs in observer.optimizer_parameters.values()
                 for _, p in pairs if id(p) in known}
         # The frozen ones from now on, the others from the moment they are seen frozen.
@@ -173,8 +179,8 @@ def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> 
 # -- the judgement (in the parent) ------------------------------------------------------------------
 
 
-def _shape(shape: list[int]) -> str:
-    return str(list(shape))
+def _shape(shape: list[int] | None) -> str:
+    return "not materialized yet" if shape is None else str(list(shape))
 
 
 def _listed(items: list[str], limit: int = 6) -> str:

@@ -181,10 +181,10 @@ def module_names(state: State) -> dict[int, str]:
     return {id(module): name for name, module in named_state_modules(state)}
 
 
-def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
+def state_parameters(state: State, *, lazy: bool = False) -> dict[int, tuple[str, torch.Tensor]]:
     """id -> (name, parameter): the modules' parameters, named as everywhere (`parameter_names`), then the
     tensor entries that are `nn.Parameter`s or require grad, named by their entry. A lazy module's parameters
-    count once its first forward gave them values."""
+    count once its first forward gave them values (before, with `lazy=True`)."""
     names = parameter_names(state)
     found: dict[int, tuple[str, torch.Tensor]] = {}
     for _, module in state_objects(state, nn.Module):
@@ -193,7 +193,8 @@ def state_parameters(state: State) -> dict[int, tuple[str, torch.Tensor]]:
     for path, tensor in state_objects(state, torch.Tensor):
         if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
             found.setdefault(id(tensor), (path, tensor))
-    return {key: found[key] for key in found if not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
+    return {key: found[key] for key in found
+            if lazy or not isinstance(found[key][1], nn.parameter.UninitializedParameter)}
 
 
 def state_objects(state: State, kind: type[T]) -> Iterator[tuple[str, T]]:
