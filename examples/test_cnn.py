@@ -18,6 +18,10 @@ class TestShapesClassifier(tp.TestCase):
     def test_accumulating_four_micro_batches_matches_one_full_batch(self) -> None:
         self.assertAccumulationEquivalent(ShapesClassifier, microbatches=4)
 
+    def test_the_optimizer_holds_every_trainable_parameter(self) -> None:
+        # The EMA copy (AveragedModel) requires grad too; update_parameters() averages it, no optimizer.
+        self.assertOptimizerCoverage(ShapesClassifier, steps=2)
+
     def test_two_ranks_see_every_sample_once_per_epoch_in_a_new_order(self) -> None:
         epochs = [rank_loaders(epoch, world=2) for epoch in range(2)]
         self.assertCoverage(epochs, policy=[tp.ExactlyOnce(range(TRAIN)), tp.DistinctEpochOrder()],

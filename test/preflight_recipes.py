@@ -504,3 +504,23 @@ class LazyUnusedHead(MLP):
 
     def model(self) -> nn.Module:
         return LazyNet(use_aux=True)
+
+
+class WithEma(MLP):
+    """Clean: an exponential moving average of the model (torch's AveragedModel, a copy whose parameters still
+    require grad), updated after every step."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.ema = torch.optim.swa_utils.AveragedModel(
+            state.model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))  # type: ignore[no-untyped-call]
+        return state
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        loss = super().step(state, batch)
+        state.ema.update_parameters(state.model)
+        return loss
+
+
+class WithEmaHeadNotOptimized(WithEma, HeadNotOptimized):
+    """The averaged copy beside a head that no optimizer holds."""

@@ -152,6 +152,16 @@ def test_steps_zero_judges_setup_only() -> None:
     assert not tp.check_optimizer_coverage(recipes.HeadNotOptimized, steps=0).passed
 
 
+def test_the_parameters_of_an_averaged_copy_are_not_unoptimized_and_are_named_in_a_note() -> None:
+    result = tp.check_optimizer_coverage(recipes.WithEma)
+    assert result.passed, result.report()
+    assert result.notes == ["Averaged copies: the parameters of ema (a torch.optim.swa_utils.AveragedModel) require "
+                            "grad and no optimizer holds them: its update_parameters() averages them."]
+    beside = tp.check_optimizer_coverage(recipes.WithEmaHeadNotOptimized)
+    assert found(beside) == [("param_not_optimized", "parameters.model.2.weight", 0, "param_not_optimized"),
+                             ("param_not_optimized", "parameters.model.2.bias", 0, "param_not_optimized")]
+
+
 def test_an_optimizer_built_in_the_first_step_is_judged_after_it() -> None:
     result = tp.check_optimizer_coverage(recipes.LazyOptimizer)
     assert result.passed, result.report()

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.optim.swa_utils import AveragedModel
 
 from trainparity._preflight._run import (
     Preflight,
@@ -55,6 +56,8 @@ class Parameter:
     groups: list[str]
     #: its other names, for a tied weight (`lm_head.weight` beside `transformer.wte.weight`)
     tied: list[str]
+    #: the path of the `AveragedModel` (an EMA or SWA copy) that holds it: averaging updates it, no optimizer
+    averaged_by: str | None = None
 
 
 @dataclasses.dataclass
@@ -126,9 +129,21 @@ def _shape_of(tensor: torch.Tensor) -> list[int] | None:
     return None if is_lazy(tensor) else list(tensor.shape)
 
 
+def _averaged(state: State) -> dict[int, str]:
+    """id -> the path of the `torch.optim.swa_utils.AveragedModel` that holds the parameter."""
+    found: dict[int, str] = {}
+    for entry, module in state_objects(state, nn.Module):
+        for name, sub in unwrap_module(module).named_modules():
+            if isinstance(sub, AveragedModel):
+                path = f"{entry}.{name}" if name else entry
+                found.update(dict.fromkeys(map(id, sub.parameters()), path))
+    return found
+
+
 def _layout(state: State, step: int) -> Layout:
     parameters = state_parameters(state, lazy=True)
     tied = _tied_names(state, parameters)
+    averaged = _averaged(state)
     groups: dict[int, list[str]] = {key: [] for key in parameters}
     optimizers: dict[str, int] = {}
     foreign: dict[str, list[Foreign]] = {}
@@ -142,8 +157,9 @@ def _layout(state: State, step: int) -> Layout:
                     groups[id(tensor)].append(where)
                 else:
                     foreign.setdefault(entry, []).append(Foreign(where, position, _shape_of(tensor)))
-    return Layout(step, [Parameter(name, _shape_of(tensor), tensor.requires_grad, groups[key], tied.get(key, []))
-                         for key, (name, tensor) in parameters.items()], optimizers, foreign)
+    return Layout(step, [Parameter(name, _shape_of(tensor), tensor.requires_grad, groups[key], tied.get(key, []),
+                                   averaged.get(key)) for key, (name, tensor) in parameters.items()],
+                  optimizers, foreign)
 
 
 def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
@@ -188,11 +204,16 @@ def _listed(items: list[str], limit: int = 6) -> str:
     return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
+def _unoptimized(parameter: Parameter) -> bool:
+    """Trainable, and neither an optimizer nor averaging updates it."""
+    return parameter.trainable and not parameter.groups and parameter.averaged_by is None
+
+
 def _layout_violations(layout: Layout) -> Iterator[Violation]:
     """The optimizers that hold foreign parameters, then every parameter's findings, in the State's order."""
     step = layout.step
     when = "right after setup()" if step == 0 else f"after step {step}"
-    unoptimized = [p for p in layout.parameters if p.trainable and not p.groups]
+    unoptimized = [p for p in layout.parameters if _unoptimized(p)]
     copied_shapes: set[str] = set()
     for entry, foreign in layout.foreign.items():
         total = layout.optimizers[entry]
@@ -229,7 +250,7 @@ def _layout_violations(layout: Layout) -> Iterator[Violation]:
                 f"listing updates it, so each training step updates it {len(parameter.groups)} times. List it in one "
                 "group of one optimizer.",
                 step=step, expected=1, actual=len(parameter.groups), cause="param_in_several_groups")
-        if parameter.trainable and not parameter.groups:
+        if _unoptimized(parameter):
             copy = _shape(parameter.shape) in copied_shapes
             yield Violation(
                 "param_not_optimized", path,
@@ -319,6 +340,11 @@ def judge_optimizer_coverage(trace: CoverageTrace, config: dict[str, Any]) -> Op
     tied = {f"{p.name} (also {', '.join(p.tied)})": None for layout in layouts for p in layout.parameters if p.tied}
     if tied:
         notes.append(f"Tied weights are one parameter each: {', '.join(tied)}.")
+    averaged = {p.averaged_by: None for layout in layouts for p in layout.parameters
+                if p.averaged_by is not None and p.trainable and not p.groups}
+    if averaged:
+        notes.append(f"Averaged copies: the parameters of {', '.join(map(str, averaged))} (a torch.optim.swa_utils."
+                     "AveragedModel) require grad and no optimizer holds them: its update_parameters() averages them.")
     first, *later = layouts
     frozen, frozen_notes = _frozen_findings(trace, layouts)
     notes += frozen_notes
