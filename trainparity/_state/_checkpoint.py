@@ -23,7 +23,7 @@ from trainparity._state._entries import (
     parameter_names,
     unwrap_module,
 )
-from trainparity._state._rng import capture_rng, restore_rng
+from trainparity._state._rng import capture_rng, restore_rng, set_stream_state, stream_kind, stream_state
 from trainparity._state._tensors import uninitialized
 
 StateT = TypeVar("StateT", bound=State)
@@ -36,8 +36,9 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     memo = {} if memo is None else memo
     if id(value) in memo:
         return memo[id(value)]
-    if isinstance(value, torch.Generator):
-        return {"__generator_state__": value.get_state()}
+    kind = stream_kind(value)
+    if kind is not None:
+        return {"__stream__": kind, "state": _to_storable(stream_state(kind, value), memo)}
     if uninitialized(value):  # a lazy module's: no values, and torch.load(weights_only=True) refuses it
         return {"__uninitialized__": isinstance(value, nn.Parameter)}
     if isinstance(value, torch.Tensor) and value.is_nested:  # not every torch's weights_only load rebuilds one
@@ -48,7 +49,7 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
-        return {"__ndarray__": torch.from_numpy(value.copy()), "dtype": str(value.dtype)}
+        return _storable_array(value, memo)
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
@@ -63,6 +64,34 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     return value
 
 
+def _storable_array(array: np.ndarray[Any, Any], memo: dict[int, Any]) -> dict[str, Any]:
+    """An array as a tensor of its values, or of its bytes for a dtype torch lacks (strings, datetimes, records,
+    float128); an array of Python objects as the list of its items."""
+    if array.dtype.hasobject:
+        return {"__ndarray_objects__": _to_storable(array.ravel().tolist(), memo), "shape": list(array.shape)}
+    try:
+        return {"__ndarray__": torch.from_numpy(array.copy()), "dtype": str(array.dtype)}
+    except TypeError:  # "can't convert np.ndarray of type numpy.str_"
+        data = torch.frombuffer(bytearray(array.tobytes()), dtype=torch.uint8) if array.nbytes else torch.empty(0)
+        return {"__ndarray_bytes__": data, "dtype": np.lib.format.dtype_to_descr(array.dtype),
+                "shape": list(array.shape)}
+
+
+def _array_from_storable(value: dict[str, Any], memo: dict[int, Any]) -> np.ndarray[Any, Any]:
+    if "__ndarray__" in value:
+        return value["__ndarray__"].numpy().astype(value["dtype"])  # type: ignore[no-any-return]
+    if "__ndarray_bytes__" in value:
+        dtype = np.lib.format.descr_to_dtype(value["dtype"])
+        if not dtype.itemsize:  # '<U0': no bytes to read
+            return np.empty(value["shape"], dtype)
+        return np.frombuffer(value["__ndarray_bytes__"].numpy().tobytes(), dtype).reshape(value["shape"])
+    items = _from_storable(value["__ndarray_objects__"], memo)
+    array = np.empty(len(items), dtype=object)
+    for index, item in enumerate(items):  # one by one: numpy would make an item that is a list a dimension
+        array[index] = item
+    return array.reshape(value["shape"])
+
+
 def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     memo = {} if memo is None else memo
     if id(value) in memo:
@@ -70,8 +99,8 @@ def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if isinstance(value, dict):
         if "__tuple__" in value and len(value) == 1:
             return tuple(_from_storable(v, memo) for v in value["__tuple__"])
-        if "__ndarray__" in value:
-            return value["__ndarray__"].numpy().astype(value["dtype"])
+        if value.keys() & {"__ndarray__", "__ndarray_bytes__", "__ndarray_objects__"}:
+            return _array_from_storable(value, memo)
         if "__named__" in value:
             return named(value["__named__"], value["names"])
         if "__nested__" in value:
@@ -142,8 +171,8 @@ def _restore_component(state: State, path: str, current: Any, saved: Any, names:
         _load_named_optimizer_state(target, saved, names)
     elif has_state_dict(target):
         target.load_state_dict(saved)
-    elif isinstance(target, torch.Generator):
-        target.set_state(saved["__generator_state__"])
+    elif stream_kind(target) is not None:
+        set_stream_state(saved["__stream__"], target, saved["state"])
     elif isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor) and _copyable(target, saved):
         with torch.no_grad():
             target.copy_(saved)

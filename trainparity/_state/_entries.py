@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainparity._state._rng import stream_kind
+
 T = TypeVar("T")
 SCALARS = (bool, int, float, str, type(None))
 #: attributes of loaders and samplers that hold the data itself (a list is a dataset too)
@@ -82,6 +84,11 @@ def is_plain(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
         inside = enclosing | {id(value)}
         return all(is_plain(v, inside) for v in (value.values() if isinstance(value, dict) else value))
     return is_leaf(value) and not isinstance(value, torch.Generator)
+
+
+def is_stream(value: Any) -> bool:
+    """A random stream object: torch's, numpy's (`Generator`, `RandomState`) or Python's `random.Random`."""
+    return stream_kind(value) is not None
 
 
 def module_plain_attributes(module: nn.Module) -> dict[str, Any]:
@@ -233,7 +240,7 @@ def entry_components(name: str, value: Any, names: dict[int, str],
     """The state-carrying parts of one State entry as (path, structured value) pairs.
 
     The structured values are state dicts, containers and leaves; `_snapshot` flattens
-    them into paths, `save_state` stores them. Generators are yielded as they are. A list
+    them into paths, `save_state` stores them. Random streams are yielded as they are. A list
     of models that holds itself is walked once.
     """
     if isinstance(value, torch.optim.Optimizer):
@@ -245,7 +252,7 @@ def entry_components(name: str, value: Any, names: dict[int, str],
             yield f"{name}.{attribute}", attr_value
     elif has_state_dict(value):
         yield name, value.state_dict()
-    elif is_plain(value) or isinstance(value, torch.Generator):
+    elif is_plain(value) or is_stream(value):
         yield name, value
     elif isinstance(value, (list, tuple)) and id(value) not in enclosing:  # e.g. a list of models or optimizers
         for index, item in enumerate(value):
@@ -273,7 +280,7 @@ def _object_components(path: str, obj: Any, seen: set[int], depth: int) -> Itera
         child = f"{path}.{attribute}"
         if has_state_dict(value) and not isinstance(value, nn.Module):
             yield child, value.state_dict()
-        elif is_plain(value) or isinstance(value, torch.Generator):
+        elif is_plain(value) or is_stream(value):
             yield child, value
         elif not isinstance(value, nn.Module):
             yield from _object_components(child, value, seen, depth - 1)

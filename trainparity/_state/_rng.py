@@ -89,6 +89,29 @@ def stream_kind(value: Any) -> str | None:
     return None
 
 
+def stream_state(kind: str, stream: Any) -> Any:
+    """A stream's exact state, in the form its kind sets back (`set_stream_state`): a tensor, a dict, a tuple."""
+    if kind == "torch.Generator":
+        return stream.get_state()
+    if kind == "numpy.random.Generator":
+        return stream.bit_generator.state
+    if kind == "numpy.random.RandomState":
+        return stream.get_state(legacy=False)
+    return stream.getstate()
+
+
+def set_stream_state(kind: str, stream: Any, state: Any) -> None:
+    """Set a stream to a state `stream_state` took, in place (references held elsewhere stay valid)."""
+    if kind == "torch.Generator":
+        stream.set_state(state)
+    elif kind == "numpy.random.Generator":
+        stream.bit_generator.state = state
+    elif kind == "numpy.random.RandomState":
+        stream.set_state(state)
+    else:
+        stream.setstate(state)
+
+
 #: the global streams' objects and kinds: each module's functions are its global stream's methods
 _GLOBALS = {"rng.torch": ("torch.Generator", torch.default_generator),
             "rng.numpy": ("numpy.random.RandomState", np.random), "rng.python": ("random.Random", random)}

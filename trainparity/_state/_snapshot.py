@@ -16,7 +16,7 @@ import torch
 from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Comparison, Leaf, Snapshot, compare_tensors
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest, is_wire_digest
 from trainparity._state._entries import State, entry_components, parameter_names
-from trainparity._state._rng import capture_rng
+from trainparity._state._rng import capture_rng, stream_digest, stream_kind
 from trainparity._state._tensors import copied_to_cpu, leaf, readable
 
 
@@ -163,6 +163,9 @@ def to_leaf(value: Any) -> Leaf:
         return leaf(value)
     if isinstance(value, torch.Generator):
         return value.get_state()
+    kind = stream_kind(value)
+    if kind is not None:  # numpy's and Python's: their exact state as one digest
+        return f"<{kind} state {stream_digest(kind, value).hex()}>"
     if isinstance(value, np.generic) and not isinstance(value, (np.void, np.object_)):
         item: Leaf = value.item()
         return item
