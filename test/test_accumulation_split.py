@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import types
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -66,6 +67,77 @@ def test_dict_subclasses_are_kept() -> None:
     assert tp.split_batch(counts, 2)[1]["missing"] == []
 
 
+class Encoding(collections.UserDict):  # type: ignore[type-arg]
+    """A mapping that is no dict, with attribute access and an extra attribute, as transformers' BatchEncoding."""
+
+    def __init__(self, data: dict[str, Any], n_sequences: int) -> None:
+        super().__init__(data)
+        self.n_sequences = n_sequences
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def test_mappings_that_are_no_dict_are_cut_and_kept() -> None:
+    parts = tp.split_batch(Encoding({"input_ids": torch.arange(8).reshape(4, 2), "mask": torch.ones(4, 2)}, 1), 2)
+    assert all(type(part) is Encoding and part.n_sequences == 1 for part in parts)
+    assert [part.input_ids.tolist() for part in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    proxies = tp.split_batch(types.MappingProxyType({"x": torch.arange(4)}), 2)
+    assert [type(part) for part in proxies] == [types.MappingProxyType] * 2
+    assert [part["x"].tolist() for part in proxies] == [[0, 1], [2, 3]]
+
+
+class EncodedBatches(tp.Recipe):
+    """Token batches as a tokenizer's mapping (`Encoding`), read by key and by attribute."""
+
+    def __init__(self, accumulation_steps: int = 1) -> None:
+        self.accumulation_steps, self.calls = accumulation_steps, 0
+
+    def setup(self) -> tp.State:
+        model = torch.nn.Sequential(torch.nn.Embedding(16, 4), torch.nn.Flatten(), torch.nn.Linear(12, 1))
+        return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def batches(self, state: tp.State) -> Any:
+        generator = torch.Generator().manual_seed(0)
+        while True:
+            yield Encoding({"input_ids": torch.randint(0, 16, (8, 3), generator=generator),
+                            "labels": torch.randn(8, 1, generator=generator)}, 1)
+
+    def step(self, state: tp.State, batch: Encoding) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(state.model(batch["input_ids"]), batch.labels) / self.accumulation_steps
+        loss.backward()
+        self.calls += 1
+        if self.calls % self.accumulation_steps == 0:
+            state.optimizer.step()
+            state.optimizer.zero_grad()
+        return loss.detach()
+
+
+def test_accumulation_passes_a_loop_over_a_tokenizers_mapping() -> None:
+    result = tp.check_accumulation(EncodedBatches, microbatches=2)
+    assert result.passed, result.report()
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tensors_are_cut_by_their_components(layout: torch.layout) -> None:
+    lengths = [2, 3, 1, 2]
+    batch = {"tokens": torch.nested.nested_tensor([torch.arange(n) for n in lengths], layout=layout),
+             "y": torch.arange(4)}
+    parts = tp.split_batch(batch, (3, 1))
+    assert [[c.tolist() for c in part["tokens"].unbind()] for part in parts] == [[[0, 1], [0, 1, 2], [0]], [[0, 1]]]
+    assert all(part["tokens"].layout == layout for part in parts)
+
+
+def test_sparse_coo_tensors_are_cut_by_their_rows() -> None:
+    dense = torch.arange(12.0).reshape(4, 3) * torch.tensor([1.0, 0.0, 1.0])
+    parts = tp.split_batch((dense.to_sparse(), torch.arange(4)), (1, 3))
+    assert [part[0].layout for part in parts] == [torch.sparse_coo] * 2
+    assert torch.equal(torch.cat([part[0].to_dense() for part in parts]), dense)
+
+
 def test_short_lists_are_batch_level_values() -> None:
     parts = tp.split_batch({"x": torch.arange(6), "betas": [0.9, 0.999]}, 3)
     assert all(p["betas"] == [0.9, 0.999] for p in parts)
@@ -79,6 +151,8 @@ def test_short_lists_are_batch_level_values() -> None:
     ({"x": torch.zeros(8, 2), "y": torch.zeros(6)}, 2, "batch['x'] has 8 rows along dim 0 but batch['y'] has 6"),
     ({"text": "hello", "scale": torch.tensor(2.0)}, 2, "holds no tensor or array with a batch dimension"),
     ((torch.zeros(4), ["a", "b", "c", "d"]), 2, "batch[1] is a list of 4 plain values, as many as the batch has"),
+    ({"x": torch.eye(4).to_sparse_csr()}, 2, "batch['x'] is a torch.sparse_csr tensor, which torch cannot cut along "
+                                            "dim 0; pass split="),
     (torch.arange(8), 1, "microbatches= must be at least 2"),
     (torch.arange(8), (8,), "at least 2 micro-batch sizes"),
     (torch.arange(8), (0, 8), "micro-batch sizes must be ints >= 1"),

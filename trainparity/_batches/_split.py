@@ -1,8 +1,10 @@
 """`split_batch`: cut a full batch into micro-batches along dim 0, through nested containers.
 
-A batch is walked through tuples (named tuples included), lists, dicts and dataclass
-instances. Every torch tensor and numpy array with at least one dimension is a per-sample
-leaf and is cut along dim 0; all of them must share the same dim-0 size (the batch size).
+A batch is walked through tuples (named tuples included), lists, dicts and other mappings
+(transformers' `BatchEncoding`) and dataclass instances. Every torch tensor and numpy array
+with at least one dimension is a per-sample leaf and is cut along dim 0 (a nested tensor by its
+components, a sparse COO tensor by its rows); all of them must share the same dim-0 size (the
+batch size).
 Other leaves (0-dim tensors, numbers, strings, None, arbitrary objects) are batch-level
 values and are passed unchanged to every micro-batch. A list or tuple of plain Python
 scalars as long as the batch is ambiguous (one value per sample, or a batch-level list?),
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,13 +26,13 @@ _SCALARS = (bool, int, float, complex, str, bytes)
 
 
 def _is_container(value: Any) -> bool:
-    return isinstance(value, (tuple, list, dict)) or (
+    return isinstance(value, (tuple, list, Mapping)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     )
 
 
 def _children(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         for key, item in value.items():
             yield f"{path}[{key!r}]", item
     elif isinstance(value, (tuple, list)):
@@ -44,11 +46,17 @@ def _children(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 def _rebuild(value: Any, items: list[Any]) -> Any:
     """`value` with its children (in `_children` order) replaced by `items`."""
-    if isinstance(value, dict):
-        out = copy.copy(value)  # keeps dict subclasses (OrderedDict, defaultdict) and their extras
+    if isinstance(value, MutableMapping):
+        out = copy.copy(value)  # keeps dict subclasses (OrderedDict, defaultdict, BatchEncoding) and their extras
         out.clear()
         out.update(zip(value.keys(), items, strict=True))
         return out
+    if isinstance(value, Mapping):  # a read-only one (MappingProxyType): built from a dict of its new items
+        try:
+            return type(value)(dict(zip(value.keys(), items, strict=True)))  # type: ignore[call-arg]
+        except TypeError as error:
+            raise ValueError(f"cannot split the batch: a {type(value).__name__} cannot be rebuilt from a dict of "
+                             f"its items ({error}); pass split= to cut it yourself") from None
     if isinstance(value, tuple):
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, list):
@@ -77,18 +85,37 @@ def _is_per_sample(value: Any) -> bool:
     return isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim >= 1
 
 
+#: tensor layouts `split_batch` cuts along dim 0 (strided ones, nested ones too, by `torch.split`)
+_CUT_LAYOUTS = (torch.strided, torch.jagged, torch.sparse_coo)
+
+
+def _cut(tensor: torch.Tensor, sizes: list[int], offsets: list[int]) -> list[torch.Tensor]:
+    """`tensor` cut along dim 0 into parts of `sizes` (views where torch makes them)."""
+    if tensor.is_nested:  # torch.split refuses dim 0 of a nested tensor: its components, regrouped
+        components = tensor.unbind()
+        return [torch.nested.nested_tensor(list(components[start:start + size]), layout=tensor.layout)
+                for start, size in zip([0, *offsets], sizes, strict=True)]
+    if tensor.layout == torch.sparse_coo:
+        return [tensor.narrow_copy(0, start, size) for start, size in zip([0, *offsets], sizes, strict=True)]
+    return list(torch.split(tensor, sizes, dim=0))
+
+
 def batch_size(batch: Any) -> int:
     """The dim-0 size shared by every tensor and array in `batch`; ValueError when there is none."""
     found: tuple[str, int] | None = None
     for path, leaf in leaves(batch):
         if not _is_per_sample(leaf):
             continue
+        if isinstance(leaf, torch.Tensor) and leaf.layout not in _CUT_LAYOUTS:
+            raise ValueError(f"cannot split the batch: {path} is a {leaf.layout} tensor, which torch cannot cut "
+                             "along dim 0; pass split= to cut it yourself")
+        rows = int(leaf.size(0) if isinstance(leaf, torch.Tensor) else leaf.shape[0])  # a nested tensor has no shape
         if found is None:
-            found = (path, int(leaf.shape[0]))
-        elif int(leaf.shape[0]) != found[1]:
+            found = (path, rows)
+        elif rows != found[1]:
             raise ValueError(
                 f"cannot split the batch: {found[0]} has {found[1]} rows along dim 0 but {path} has "
-                f"{int(leaf.shape[0])}; pass split= to cut it yourself"
+                f"{rows}; pass split= to cut it yourself"
             )
     if found is None:
         raise ValueError(
@@ -175,10 +202,10 @@ def split_batch(batch: Any, microbatches: Microbatches) -> list[Any]:
 
     `microbatches` is an int k (k equal parts; the batch size must be divisible by k) or a
     sequence of sizes such as (3, 3, 2) that must add up to the batch size. Containers
-    (tuples, named tuples, lists, dicts, dataclasses) keep their type; batch-level leaves
-    (0-dim tensors, numbers, strings, None) are shared by every micro-batch. Tensor parts
-    are views of the batch, as with `torch.split`. Raises ValueError when the batch
-    cannot be cut as declared.
+    (tuples, named tuples, lists, dicts and other mappings, dataclasses) keep their type; batch-level
+    leaves (0-dim tensors, numbers, strings, None) are shared by every micro-batch. Tensor parts
+    are views of the batch, as with `torch.split` (copies for nested and sparse COO tensors). Raises
+    ValueError when the batch cannot be cut as declared (a sparse CSR tensor: pass split=).
     """
     microbatches = validate_microbatches(microbatches)
     total = batch_size(batch)
@@ -189,7 +216,7 @@ def split_batch(batch: Any, microbatches: Microbatches) -> list[Any]:
 
     def parts(value: Any) -> list[Any]:
         if isinstance(value, torch.Tensor) and value.ndim >= 1:
-            return list(torch.split(value, sizes, dim=0))
+            return _cut(value, sizes, offsets)
         if isinstance(value, np.ndarray) and value.ndim >= 1:
             return list(np.split(value, offsets, axis=0))
         if _is_container(value):
