@@ -222,3 +222,37 @@ class CorruptsItsTrace(Faulty):
         bad = {"steps": [{"step": "one"}]} if self.kind == "fields" else {"steps": nested}
         _trace.RunTrace.to_wire = lambda self: bad  # type: ignore[method-assign]
         return super().setup()
+
+
+def _first(iterator: Iterator[int]) -> Iterator[int]:
+    yield next(iterator)
+
+
+class StopsInStep(tp.Recipe):
+    """`step()` reads an exhausted iterator at its second call (StopIteration); with `own_generator`, inside a
+    generator of its own, which Python turns into 'RuntimeError: generator raised StopIteration'."""
+
+    def __init__(self, own_generator: bool = False) -> None:
+        self.own_generator = own_generator
+
+    def setup(self) -> tp.State:
+        model = nn.Linear(4, 1)
+        return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=0)
+
+    def batches(self, state: tp.State) -> Iterator[torch.Tensor]:
+        while True:
+            yield torch.ones(8, 4)
+
+    def step(self, state: tp.State, batch: torch.Tensor) -> torch.Tensor:
+        if state.step == 1:
+            empty: Iterator[int] = iter([])
+            if self.own_generator:
+                list(_first(empty))
+            else:
+                next(empty)
+        loss = state.model(batch).pow(2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        state.step += 1
+        return loss.detach()

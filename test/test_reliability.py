@@ -20,7 +20,15 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from fault_recipes import SECRET_VARIABLE, CorruptsItsTrace, Faulty, WithOpaqueEntry, WithRngEntry, recorded_pids
+from fault_recipes import (
+    SECRET_VARIABLE,
+    CorruptsItsTrace,
+    Faulty,
+    StopsInStep,
+    WithOpaqueEntry,
+    WithRngEntry,
+    recorded_pids,
+)
 from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
@@ -231,6 +239,22 @@ def test_every_run_failing_reports_the_same_phase_and_traceback_in_every_isolati
     assert len(tracebacks) == 1
     traceback = tracebacks.pop()
     assert "test/fault_recipes.py" in traceback and "trainparity/_" not in traceback and str(HERE) not in traceback
+
+
+@pytest.mark.parametrize("isolation", ["inprocess", "process"])
+def test_a_stop_iteration_out_of_step_is_reported_as_the_recipe_raised_it(isolation: str) -> None:
+    # The engine calls step() from generators, where Python turns a StopIteration into a RuntimeError (PEP 479).
+    result = tp.check_training(StopsInStep(), steps=3, isolation=isolation, timeout=120)
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None
+    assert result.reason == "training: the recipe raised StopIteration"
+    assert result.error.traceback is not None and "next(empty)" in result.error.traceback
+    assert "RuntimeError" not in result.report()
+    if isolation == "inprocess":
+        with pytest.raises(StopIteration):
+            tp.assert_training_healthy(StopsInStep(), steps=3, isolation=isolation)
+    # One of the recipe's own generators makes it a RuntimeError in the recipe's code: that is what it raised.
+    own = tp.check_training(StopsInStep(own_generator=True), steps=3, isolation=isolation, timeout=120)
+    assert own.reason == "training: the recipe raised RuntimeError: generator raised StopIteration"
 
 
 def test_escape_codes_in_an_exception_do_not_reach_the_report() -> None:

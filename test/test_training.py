@@ -285,6 +285,10 @@ def test_the_schedule_is_judged_in_this_process_whatever_the_isolation() -> None
     assert first(result) == ("lr_mismatch", "optimizer.param_groups.0.lr", 1, "lr_mismatch")
     with pytest.raises(TypeError, match=r"lr_schedule\(0\) must be a learning rate"):
         tp.check_training(recipes.Fit, steps=1, lr_schedule=lambda index: "0.1")
+    warmup = [0.1, 0.05]
+    with pytest.raises(ValueError, match=r"^lr_schedule\(2\) raised IndexError: list index out of range; "
+                                         r"lr_schedule= must give the learning rate of every optimizer step"):
+        tp.check_training(recipes.Fit, steps=3, lr_schedule=lambda index: warmup[index])
 
 
 @pytest.mark.parametrize(("arguments", "error", "message"), [

@@ -81,6 +81,15 @@ def _band(value: object) -> Band | None:
     return low, high
 
 
+def _called(schedule: Callable[[int], object], index: int, where: str) -> object:
+    """The schedule's value for an optimizer step; what it raises is the caller's argument failing, a ValueError."""
+    try:
+        return schedule(index)
+    except Exception as error:  # noqa: BLE001 - any exception of the user's function, named
+        raise ValueError(f"{where} raised {type(error).__name__}: {error}; lr_schedule= must give the learning rate "
+                         f"of every optimizer step the check observes (from 0)") from error
+
+
 def _rates(value: object, where: str) -> list[float] | float:
     """A schedule's value: one learning rate, or one per parameter group."""
     if isinstance(value, (list, tuple)) and value:
@@ -234,7 +243,7 @@ class _Judge:
         if schedule is None or index < 0 or (not callable(schedule) and index >= len(schedule)):
             return None
         where = f"lr_schedule({index})" if callable(schedule) else f"lr_schedule[{index}]"
-        rates = _rates(schedule(index) if callable(schedule) else schedule[index], where)
+        rates = _rates(_called(schedule, index, where) if callable(schedule) else schedule[index], where)
         if isinstance(rates, float):
             return [rates] * groups
         if len(rates) != groups:

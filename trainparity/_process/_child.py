@@ -109,10 +109,22 @@ def bounded(text: str) -> str:
     return f"{text[:MAX_ERROR_TEXT]}\n... ({len(text) - MAX_ERROR_TEXT:,} more characters cut)"
 
 
+def recipe_exception(error: BaseException) -> BaseException:
+    """The exception the user's code raised: a StopIteration out of `step()` (an exhausted iterator read in the
+    loop) that a generator of the engine turned into 'RuntimeError: generator raised StopIteration' (PEP 479) is
+    the StopIteration itself; one of the user's own generators keeps its RuntimeError."""
+    if isinstance(error, RuntimeError) and isinstance(error.__cause__, StopIteration):
+        frames = traceback.extract_tb(error.__traceback__)
+        if frames and engine_frame(frames[-1].filename):
+            return error.__cause__
+    return error
+
+
 def error_record(error: BaseException) -> dict[str, Any]:
-    """The user's exception as plain strings (type, message, traceback), each bounded in length, and
-    `raised_at`: when it was caught, on the machine-wide monotonic clock, so that the engine can tell
+    """The user's exception (`recipe_exception`) as plain strings (type, message, traceback), each bounded in
+    length, and `raised_at`: when it was caught, on the machine-wide monotonic clock, so that the engine can tell
     which of several processes failed first."""
+    error = recipe_exception(error)
     try:
         message = str(error)
     except Exception as failure:  # noqa: BLE001 - a broken __str__ must not hide the error itself

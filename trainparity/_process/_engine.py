@@ -48,6 +48,7 @@ from trainparity._process._child import (
     engine_frame,
     error_record,
     load_task,
+    recipe_exception,
 )
 from trainparity._process._launchers import SERVER, SERVER_LOCK, ForkServer, Spawner
 from trainparity._process._options import Deadline
@@ -196,8 +197,8 @@ def _run_inprocess(job: Job, deadline: Deadline) -> JobOutcome:
                               failed_at=deadline.at)
         except Exception as error:  # noqa: BLE001 - the user's error becomes an ERROR outcome
             record = error_record(error)
-            return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank), exception=error,
-                              failed_at=record["raised_at"])
+            return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank),
+                              exception=recipe_exception(error), failed_at=record["raised_at"])
     if deadline.remaining() <= 0 and not can_interrupt():  # nothing interrupted it: its time was up all the same
         return JobOutcome(job.phase, None, _timeout(job, deadline, "it ran in this process off the main thread, "
                           "where it cannot be interrupted, and returned late"), failed_at=deadline.at)

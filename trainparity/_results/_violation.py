@@ -113,7 +113,7 @@ class ChildError:
 
     def headline(self) -> str:
         if self.kind == "raised":
-            return f"{self.phase}: the recipe raised {self.exc_type}: {self.message}"
+            return f"{self.phase}: the recipe raised {self.exc_type}" + (f": {self.message}" if self.message else "")
         if self.kind in ("timeout", "abandoned", "corrupt"):
             return f"{self.phase}: {self.message}"
         return f"{self.phase}: the process died ({self.message})"
