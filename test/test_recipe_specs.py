@@ -120,3 +120,63 @@ def test_a_typed_state_subclass_is_a_state() -> None:
     state = CountedState(step=1)
     assert list(state) == ["step"] and repr(state) == "CountedState(step=int)"
     assert tp.Recipe[CountedState] is not tp.Recipe  # generic over its State type at run time too
+
+
+CONFIGURED_SCRIPT = '''
+import dataclasses
+import enum
+import sys
+
+import torch
+
+import trainparity as tp
+
+
+class Optimizer(enum.Enum):
+    SGD = "sgd"
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float
+    optimizer: Optimizer = Optimizer.SGD
+
+
+class Configured(tp.Recipe):
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def setup(self) -> tp.State:
+        model = torch.nn.Linear(2, 1)
+        return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=self.config.lr), step=0)
+
+    def batches(self, state):
+        while True:
+            yield torch.ones(4, 2) * state.step
+
+    def step(self, state, batch):
+        loss = state.model(batch).pow(2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        state.step += 1
+        return loss.detach()
+
+
+if __name__ == "__main__":
+    result = tp.check_resume(Configured(Config(lr=0.1)), isolation=sys.argv[1], timeout=120)
+    print(result.report())
+'''
+
+
+@pytest.mark.parametrize("isolation", ["process", "spawn"])
+@pytest.mark.parametrize("as_module", [False, True], ids=["python script.py", "python -m script"])
+def test_a_script_s_recipe_built_from_the_script_s_own_objects_is_rebuilt_in_fresh_processes(
+        tmp_path: pathlib.Path, isolation: str, as_module: bool) -> None:
+    (tmp_path / "configured.py").write_text(CONFIGURED_SCRIPT)
+    program = ["-m", "configured"] if as_module else ["configured.py"]
+    done = subprocess.run([sys.executable, *program, isolation], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("trainparity resume check: PASS\n"), done.stdout
+    assert "Config(lr=0.1, optimizer=<Optimizer.SGD: 'sgd'>)" in done.stdout

@@ -7,6 +7,7 @@ file and qualified name) plus its constructor arguments, never the live object.
 from __future__ import annotations
 
 import dataclasses
+import io
 import pathlib
 import pickle
 import sys
@@ -31,12 +32,15 @@ class RecipeRef:
     file: str | None
     #: pickled (args, kwargs) of the constructor
     arguments: bytes
+    #: the class comes from the script run as `__main__`: the objects of `__main__` in `arguments` (a config
+    #: dataclass of the script) are the objects of `module` where `__main__` is another program (a fresh process)
+    from_main: bool = False
 
     @property
     def name(self) -> str:
         """`module:Class`, with the constructor arguments when there are any: `m:Recipe(fault='ema')`."""
         module = pathlib.Path(self.file).stem if self.file and self.module.startswith(ALIAS_PREFIX) else self.module
-        args, kwargs = pickle.loads(self.arguments)
+        args, kwargs = self._arguments()
         shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
         return f"{module}:{self.qualname}" + (f"({', '.join(shown)})" if shown else "")
 
@@ -49,7 +53,7 @@ class RecipeRef:
     def build(self, **overrides: Any) -> Recipe[Any]:
         """Construct the recipe anew, with `overrides` replacing constructor keyword arguments."""
         cls = self.recipe_class()  # first: the arguments may hold objects of the recipe's module
-        args, kwargs = pickle.loads(self.arguments)
+        args, kwargs = self._arguments()
         try:
             return cls(*args, **{**kwargs, **overrides})
         except TypeError as error:
@@ -57,6 +61,26 @@ class RecipeRef:
                 names = ", ".join(f"{k}=" for k in overrides)
                 raise TypeError(f"{self.name} could not be built with {names}: {error}") from error
             raise
+
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        main_elsewhere = self.from_main and module_file(sys.modules.get("__main__")) != self.file
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] = (
+            _MainUnpickler(io.BytesIO(self.arguments), self).load() if main_elsewhere else pickle.loads(self.arguments))
+        return arguments
+
+
+class _MainUnpickler(pickle.Unpickler):
+    """Reads `__main__.<name>` as `<name>` of the recipe's module, loaded as the recipe's class is."""
+
+    def __init__(self, file: io.BytesIO, reference: RecipeRef) -> None:
+        super().__init__(file)
+        self.reference = reference
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__":
+            return attribute(load_module(self.reference.module, self.reference.file), name)
+        return super().find_class(module, name)
 
 
 def resolve_recipe(recipe: object) -> RecipeRef:
@@ -117,4 +141,4 @@ def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, 
                 f"recipe {cls.__qualname__} is defined in an interactive session; define it in a module "
                 "so a fresh process can import it"
             )
-    return RecipeRef(module, cls.__qualname__, file, arguments)
+    return RecipeRef(module, cls.__qualname__, file, arguments, from_main=cls.__module__ == "__main__")
