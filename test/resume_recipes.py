@@ -45,7 +45,7 @@ class ResumeRecipe(tp.Recipe):
     FAULTS = (
         None, "model", "optimizer", "scheduler", "scaler", "rng.torch", "rng.numpy", "rng.python", "counter",
         "ema", "attribute", "optimizer2", "data_replay", "data_skip", "rng_consumed", "nondeterministic",
-        "raises", "hangs", "dies", "load_returns_dict",
+        "raises", "hangs", "dies", "load_returns_dict", "eval_after_load", "eval_after_load_train_in_step",
     )
 
     def __init__(
@@ -107,6 +107,8 @@ class ResumeRecipe(tp.Recipe):
 
     def step(self, state: tp.State, batch: Any) -> torch.Tensor:
         _, x, y = batch
+        if self.fault == "eval_after_load_train_in_step":
+            state.model.train()  # as loops over a model loaded in eval (transformers' from_pretrained) do
         if self.fault == "raises" and state.global_step == 1:
             raise ValueError("boom at step 2")
         if self.fault == "hangs" and state.global_step == 1:
@@ -170,6 +172,8 @@ class ResumeRecipe(tp.Recipe):
             state.ema.zero_()
         elif self.fault == "attribute":
             state.model.temperature = 1.0
+        if self.fault in ("eval_after_load", "eval_after_load_train_in_step"):
+            state.model.eval()
         return state
 
 

@@ -62,6 +62,20 @@ def test_fault_is_located(fault: str) -> None:
     assert first.step == expected_step
 
 
+def test_a_model_left_in_eval_by_load_is_named_before_the_loss_it_changes() -> None:
+    result = tp.check_resume(ResumeRecipe(fault="eval_after_load"), steps=6, resume_at=3, timeout=60)
+    first = result.first_violation
+    assert first is not None
+    assert (first.kind, first.path, first.step, first.cause) == ("state_mismatch", "model.training", 4,
+                                                                 "not_restored"), result.report()
+    assert (first.expected, first.actual) == ("train", "eval")
+    assert "load() left them in 'eval' where the save found 'train'" in first.message
+    assert [(v.path, v.step) for v in result.violations[:2]] == [("model.training", 4), ("loss", 4)]
+    # A loop that sets the mode in each step trains alike whatever mode load() leaves.
+    result = tp.check_resume(ResumeRecipe(fault="eval_after_load_train_in_step"), steps=6, resume_at=3, timeout=60)
+    assert result.passed, result.report()
+
+
 def test_state_difference_fails_even_when_losses_agree() -> None:
     # The EMA is never read by the forward pass: every loss matches, the lost EMA is still a FAIL.
     result = tp.check_resume(ResumeRecipe(fault="ema"), steps=6, resume_at=3, timeout=60)

@@ -242,6 +242,30 @@ All violations (4):
   3. ema (step 5, kind: state_mismatch)
   4. ema (step 6, kind: state_mismatch)""")
 
+    def test_eval_after_load(self) -> None:
+        self.assertExpectedInline(report("eval_after_load"), """\
+trainparity resume check: FAIL at model.training (not_restored, step 4)
+config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='eval_after_load')", resume_at=3, seed=0, steps=6
+
+First violation: model.training (step 4, kind: state_mismatch, cause: not_restored)
+  The State's modules are in another mode (train or eval, which dropout and batch norm follow) after the step than in uninterrupted training. load() left them in 'eval' where the save found 'train', and no step set it since: call model.train() after loading.
+  Modes are not equal!
+  expected: 'train'
+  actual:   'eval'
+
+All violations (46):
+  1. model.training (step 4, kind: state_mismatch, cause: not_restored)
+  2. loss (step 4, kind: loss_mismatch)
+  3. model.body.weight (step 4, kind: state_mismatch)
+  4. model.body.bias (step 4, kind: state_mismatch)
+  5. model.head.weight (step 4, kind: state_mismatch)
+  6. model.head.bias (step 4, kind: state_mismatch)
+  7. optimizer.state.body.weight.exp_avg (step 4, kind: state_mismatch)
+  8. optimizer.state.body.weight.exp_avg_sq (step 4, kind: state_mismatch)
+  9. optimizer.state.body.bias.exp_avg (step 4, kind: state_mismatch)
+  10. optimizer.state.body.bias.exp_avg_sq (step 4, kind: state_mismatch)
+  ... and 36 more (result.violations has them all)""")
+
     def test_attribute(self) -> None:
         self.assertExpectedInline(report("attribute"), """\
 trainparity resume check: FAIL at model.temperature (not_restored, step 3)

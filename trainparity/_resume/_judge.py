@@ -180,6 +180,15 @@ def judge_resume(
                         rng_first[path] = (rng_first[path][0], len(violations) + 1)
                 data = violation("data_mismatch", mismatch, step, cause, message)
                 violations.append(dataclasses.replace(data, sample_id=sample, position=position))
+            elif difference.aspect == "mode":
+                at_save, at_load = saved.modes.get(mismatch.path), loaded.modes.get(mismatch.path)
+                left = at_save is not None and at_load is not None and at_save != at_load
+                violations.append(violation(
+                    "state_mismatch", mismatch, step, "not_restored" if left else None,
+                    "The State's modules are in another mode (train or eval, which dropout and batch norm follow) "
+                    "after the step than in uninterrupted training."
+                    + (f" load() left them in {at_load!r} where the save found {at_save!r}, and no step set it "
+                       "since: call model.train() after loading." if left else "")))
             elif difference.aspect == "loss":
                 violations.append(violation("loss_mismatch", mismatch, step, None,
                                              "The loss differs from uninterrupted training."))

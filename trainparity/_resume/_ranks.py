@@ -26,11 +26,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from typing import TypeVar
 
 from trainparity._batches._sample_ids import SampleIds
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
 from trainparity._state._compare import EXACT, Snapshot, compare_leaves
 from trainparity._state._snapshot import state_entry
+
+T = TypeVar("T")
 
 _AT_RANK = re.compile(r"^(.*)\[rank (\d+)\]$")
 
@@ -94,8 +97,9 @@ def _merge_state(snapshots: Sequence[Snapshot], replicated: frozenset[str]) -> S
     return out
 
 
-def _merge_rng(snapshots: Sequence[Snapshot]) -> Snapshot:
-    return {at_rank(path, rank): value for rank, snapshot in enumerate(snapshots) for path, value in snapshot.items()}
+def _each_rank(values: Sequence[dict[str, T]]) -> dict[str, T]:
+    """Every rank's own values under its rank's path (RNG streams, modules' modes)."""
+    return {at_rank(path, rank): value for rank, found in enumerate(values) for path, value in found.items()}
 
 
 def _global_batch(ranks: Sequence[SampleIds | None], unordered: bool) -> SampleIds | None:
@@ -108,16 +112,18 @@ def _global_batch(ranks: Sequence[SampleIds | None], unordered: bool) -> SampleI
 def _merge_step(records: Sequence[StepRecord], replicated: frozenset[str], unordered: bool) -> StepRecord:
     losses = [record.loss for record in records]
     loss = None if any(value is None for value in losses) else sum(v for v in losses if v is not None) / len(losses)
-    return StepRecord(records[0].step, _merge_rng([r.rng for r in records]),
+    return StepRecord(records[0].step, _each_rank([r.rng for r in records]),
                       _global_batch([r.sample_ids for r in records], unordered), loss,
-                      _merge_state([r.state for r in records], replicated))
+                      _merge_state([r.state for r in records], replicated),
+                      modes=_each_rank([r.modes for r in records]))
 
 
 def _merge_boundary(boundaries: Sequence[Boundary | None], replicated: frozenset[str]) -> Boundary | None:
     if not all(isinstance(b, Boundary) for b in boundaries):
         return None
     present = [b for b in boundaries if b is not None]
-    return Boundary(_merge_state([b.state for b in present], replicated), _merge_rng([b.rng for b in present]))
+    return Boundary(_merge_state([b.state for b in present], replicated), _each_rank([b.rng for b in present]),
+                    _each_rank([b.modes for b in present]))
 
 
 def merge_ranks(ranks: Sequence[RunTrace], replicated: frozenset[str], unordered: bool) -> RunTrace:

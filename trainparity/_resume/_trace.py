@@ -19,7 +19,7 @@ from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
-from trainparity._state._entries import State, unobserved_entries
+from trainparity._state._entries import State, module_modes, unobserved_entries
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import Digesting, snapshot_from_wire, snapshot_rng, snapshot_state, snapshot_to_wire
@@ -35,12 +35,14 @@ class StepRecord:
     #: a script's State at the step's first backward or optimizer step (None for recipes, whose load() hands back
     #: the State before any of the step's code runs): what a resumed script's restored State is held against
     start: Snapshot | None = None
+    #: the modes of the State's modules after the step (`module_modes`; a script's: none)
+    modes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         # Shallow on purpose: dataclasses.asdict would deep-copy every tensor.
         return {"step": self.step, "rng": snapshot_to_wire(self.rng), "sample_ids": self.sample_ids,
                 "loss": self.loss, "state": snapshot_to_wire(self.state),
-                "start": None if self.start is None else snapshot_to_wire(self.start)}
+                "start": None if self.start is None else snapshot_to_wire(self.start), "modes": self.modes}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepRecord:
@@ -52,7 +54,12 @@ class StepRecord:
             loss=None if loss is None else float(_typed(loss, (int, float), "loss")),
             state=snapshot_from_wire(data["state"]),
             start=None if start is None else snapshot_from_wire(start),
+            modes=_modes(data["modes"]),
         )
+
+
+def _modes(value: Any) -> dict[str, str]:
+    return {str(path): str(mode) for path, mode in _typed(value, dict, "modes").items()}
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
@@ -63,17 +70,19 @@ def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
-    """The State and the RNG streams at a save or a load, kept apart so that no entry name can collide."""
+    """The State and the RNG streams at a save or a load, kept apart so that no entry name can collide, and the
+    modules' modes (not compared there: a loop may set the mode at the start of each step)."""
 
     state: Snapshot
     rng: Snapshot
+    modes: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def capture(cls, state: State, digesting: Digesting | None) -> Boundary:
-        return cls(snapshot_state(state, digesting), snapshot_rng())
+        return cls(snapshot_state(state, digesting), snapshot_rng(), module_modes(state))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"state": snapshot_to_wire(self.state), "rng": snapshot_to_wire(self.rng)}
+        return {"state": snapshot_to_wire(self.state), "rng": snapshot_to_wire(self.rng), "modes": self.modes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +114,8 @@ class RunTrace:
         def boundary(value: Any) -> Boundary | None:
             if value is None:
                 return None
-            return Boundary(snapshot_from_wire(value["state"]), snapshot_from_wire(value["rng"]))
+            return Boundary(snapshot_from_wire(value["state"]), snapshot_from_wire(value["rng"]),
+                            _modes(value["modes"]))
 
         return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
                    boundary(data["loaded"]), boundary(data["saved"]),
@@ -125,7 +135,7 @@ def record_steps(recipe: Recipe, state: State, first: int, last: int,
         rng = snapshot_rng(digesting(step))
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
-        yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)))
+        yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)), modes=module_modes(state))
 
 
 #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
@@ -188,14 +198,15 @@ def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class StepDifference:
-    """One difference between two records of the same step; `aspect` is rng, data, loss or state."""
+    """One difference between two records of the same step; `aspect` is rng, data, mode, loss or state."""
 
     aspect: str
     mismatch: Mismatch
 
 
 def diff_steps(expected: StepRecord, actual: StepRecord, comparison: Comparison) -> Iterator[StepDifference]:
-    """Differences of one step in observation order: RNG at the start, sample IDs, loss, state after."""
+    """Differences of one step in observation order: RNG at the start, sample IDs, the modules' modes (what the
+    step's forward passes ran in, as far as the mode after the step tells), loss, state after."""
     for mismatch in compare_snapshots(expected.rng, actual.rng, EXACT):
         yield StepDifference("rng", mismatch)
     if expected.sample_ids is not None and actual.sample_ids is not None and expected.sample_ids != actual.sample_ids:
@@ -203,6 +214,10 @@ def diff_steps(expected: StepRecord, actual: StepRecord, comparison: Comparison)
             "data", Mismatch("data.sample_ids", "The batch's sample IDs differ.", list(expected.sample_ids),
                              list(actual.sample_ids))
         )
+    for path in sorted(expected.modes.keys() & actual.modes.keys()):
+        if expected.modes[path] != actual.modes[path]:
+            yield StepDifference("mode", Mismatch(path, "Modes are not equal!", expected.modes[path],
+                                                  actual.modes[path]))
     if expected.loss is not None and actual.loss is not None:
         loss = compare_leaves(expected.loss, actual.loss, comparison)
         if loss is not None:

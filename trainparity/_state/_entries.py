@@ -91,6 +91,23 @@ def is_stream(value: Any) -> bool:
     return stream_kind(value) is not None
 
 
+def module_modes(state: State) -> dict[str, str]:
+    """`<entry>.training` -> the mode of each module of the State: "train", "eval", or "train, eval: <the
+    submodules in eval>" (and the reverse). Not state a checkpoint holds: what a run trains in."""
+    modes = {}
+    for entry, module in state_objects(state, nn.Module):
+        named = list(unwrap_module(module).named_modules())
+        evaluating = [name or "(the module)" for name, sub in named if not sub.training]
+        if not evaluating or len(evaluating) == len(named):
+            modes[f"{entry}.training"] = "eval" if evaluating else "train"
+        elif named[0][1].training:
+            modes[f"{entry}.training"] = f"train, eval: {', '.join(evaluating)}"
+        else:
+            training = [name for name, sub in named if sub.training]
+            modes[f"{entry}.training"] = f"eval, train: {', '.join(training)}"
+    return modes
+
+
 def module_plain_attributes(module: nn.Module) -> dict[str, Any]:
     """Public attributes of a module and its submodules that its state_dict does not hold.
 
