@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import faulthandler
 import os
 import sys
@@ -23,3 +24,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     # controller (which has this bound) is done with the other workers.
     if "PYTEST_XDIST_WORKER" not in os.environ:
         faulthandler.dump_traceback_later(EXIT_BOUND, exit=True, file=sys.__stderr__)
+
+
+@pytest.fixture
+def cli_commands() -> dict[str, argparse.ArgumentParser]:
+    """The command line's commands by name, as `python -m trainparity <name>` parses them."""
+    from trainparity._cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(subparsers.choices)

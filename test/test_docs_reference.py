@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 import trainparity as tp
-from trainparity._cli import build_parser
 
 pytestmark = pytest.mark.exact
 
@@ -86,12 +85,6 @@ def test_a_signature_that_lacks_a_parameter_or_has_another_default_is_found() ->
         "check(steps=...): docs 6.0, code 6"]
 
 
-def _commands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return dict(subparsers.choices)
-
-
 def _synopsis() -> dict[str, str]:
     """The command line section's synopsis: command -> its lines."""
     block = API.split("## Command line", 1)[1].split("```", 2)[1]
@@ -105,10 +98,11 @@ def _synopsis() -> dict[str, str]:
     return lines
 
 
-def test_the_command_line_synopsis_names_every_command_and_option() -> None:
+def test_the_command_line_synopsis_names_every_command_and_option(
+        cli_commands: dict[str, argparse.ArgumentParser]) -> None:
     synopsis = _synopsis()
     missing = []
-    for name, command in _commands().items():
+    for name, command in cli_commands.items():
         if name not in synopsis:
             missing.append(name)
             continue

@@ -143,7 +143,8 @@ def test_built_in_defaults_without_options(project: pathlib.Path) -> None:
 
 @pytest.mark.parametrize(("option", "message"), [
     ("--trainparity-timeout=0",
-     "--trainparity-timeout: timeout= must be a positive number of seconds, at most 1e+08, got 0.0"),
+     "--trainparity-timeout: timeout= must be a positive number of seconds, at most 100000000 (about three years), "
+     "got 0.0"),
     ("--trainparity-isolation=thread", "argument --trainparity-isolation: invalid choice: 'thread'"),
 ])
 def test_bad_options_are_usage_errors(project: pathlib.Path, option: str, message: str) -> None:

@@ -27,7 +27,8 @@ MAX_TIMEOUT = 1e8
 
 def validate_timeout(timeout: object) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-        raise ValueError(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:g}, got {timeout!r}")
+        raise ValueError(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (about three "
+                         f"years), got {timeout!r}")
     return float(timeout)
 
 
