@@ -300,6 +300,8 @@ def test_the_schedule_is_judged_in_this_process_whatever_the_isolation() -> None
     ({"min_decrease": 0.1, "window": 11}, ValueError, "steps= must be at least 22, got 20"),
     ({"steps": 1, "min_decrease": 0.1}, ValueError, "steps= must be at least 2, got 1"),
     ({"overfit": "yes"}, TypeError, "overfit= must be True or False"),
+    ({"overfit": True, "steps": 1}, ValueError, "overfit=True judges the loss of the later steps against step 1's: "
+                                                "steps= must be at least 2, got 1"),
     ({"overfit_fraction": 1.5}, ValueError, r"overfit_fraction= must be in \(0, 1\)"),
     ({"max_grad_norm": 0}, ValueError, "max_grad_norm= must be > 0"),
     ({"max_grad_norm": math.inf}, TypeError, "max_grad_norm= must be a finite number"),

@@ -153,6 +153,9 @@ class Verdicts:
                              f"which must not overlap: steps= must be at least {2 * windows}, got {steps}")
         if not isinstance(overfit, bool):
             raise TypeError(f"overfit= must be True or False, got {overfit!r}")
+        if overfit and steps < 2:
+            raise ValueError(f"overfit=True judges the loss of the later steps against step 1's: steps= must be at "
+                             f"least 2, got {steps}")
         fraction = _number(overfit_fraction, "overfit_fraction", "0.1")
         if not 0 < fraction < 1:
             raise ValueError(f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction of its "
