@@ -181,6 +181,9 @@ def test_bad_recipes_are_rejected() -> None:
         tp.check_resume(Local)
     with pytest.raises(TypeError, match="must be picklable"):
         tp.check_resume(ResumeRecipe(fault=None, pid_dir=lambda: None))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"builds the recipe anew from them, in a fresh process or "
+                                        r"\(isolation='inprocess'\) in this one \(a lambda or a closure does not"):
+        tp.check_resume(ResumeRecipe(fault=None, pid_dir=lambda: None), isolation="inprocess")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
         tp.check_resume("no_such_module:Recipe")
     with pytest.raises(ValueError, match="looks like 'package.module:ClassName'"):

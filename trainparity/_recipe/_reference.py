@@ -124,8 +124,9 @@ def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, 
         arguments = pickle.dumps((args, kwargs))
     except Exception as error:
         raise TypeError(
-            f"the constructor arguments of {cls.__qualname__} must be picklable to rebuild it in a fresh "
-            f"process: {error}"
+            f"the constructor arguments of {cls.__qualname__} must be picklable: every run of a check builds the "
+            f"recipe anew from them, in a fresh process or (isolation='inprocess') in this one (a lambda or a "
+            f"closure does not pickle: pass a module-level function): {error}"
         ) from error
     module = cls.__module__
     file = module_file(sys.modules.get(module))
