@@ -140,6 +140,15 @@ def test_nothing_to_compare_abstains() -> None:
     assert result.outcome is tp.Outcome.ABSTAIN and "nothing to compare" in (result.reason or "")
 
 
+def test_an_empty_dataset_fetched_by_no_worker_is_said_so() -> None:
+    result = tp.check_worker_randomness(DataLoader(datasets.Numbers(size=0), batch_size=4, num_workers=2))
+    assert result.outcome is tp.Outcome.ABSTAIN, result.report()
+    assert result.reason == ("the loader gave no batch in any epoch (an empty dataset, or a sampler of nothing): "
+                             "nothing was observed")
+    assert result.notes[0] == ("Observed 2 epochs with no batch fetched by any worker; batches: 0 in epoch 0, "
+                               "0 in epoch 1.")
+
+
 def test_num_workers_0_is_a_note_and_epochs_are_still_compared() -> None:
     clean = tp.check_worker_randomness(augment.loader(num_workers=0))
     assert clean.passed and any(note.startswith("num_workers=0:") for note in clean.notes)

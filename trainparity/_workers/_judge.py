@@ -177,6 +177,9 @@ def judge_workers(epochs: list[Epoch], config: dict[str, JsonValue], persistent:
     notes = _notes(epochs, walks, consumed, config)
     if violations:
         return WorkerRandomnessResult(Outcome.FAIL, violations, notes, config)
+    if not any(epoch.fetches for epoch in epochs):
+        return WorkerRandomnessResult(Outcome.ABSTAIN, [], notes, config, reason=(
+            "the loader gave no batch in any epoch (an empty dataset, or a sampler of nothing): nothing was observed"))
     comparable = any(len(walk.get(path, {})) > 1 or sum(path in w for w in walks) > 1
                      for walk in walks for path in consumed)
     if consumed and not comparable:
@@ -191,8 +194,10 @@ def _notes(epochs: list[Epoch], walks: list[dict[str, dict[int | None, Any]]], c
     """What the check observed: epochs, batches, workers, the streams consumed and those not judged."""
     workers = sorted({f.worker for e in epochs for f in e.fetches if f.worker is not None})
     batches = ", ".join(f"{len(e.fetches)} in epoch {n}" for n, e in enumerate(epochs))
-    who = _workers_text(workers) if workers else "this process (num_workers=0)"
-    notes = [f"Observed {len(epochs)} epoch{'s' if len(epochs) != 1 else ''} fetched by {who}; batches: {batches}."]
+    in_process = config.get("num_workers") == 0
+    who = (f"fetched by {_workers_text(workers)}" if workers else
+           "fetched by this process (num_workers=0)" if in_process else "with no batch fetched by any worker")
+    notes = [f"Observed {len(epochs)} epoch{'s' if len(epochs) != 1 else ''} {who}; batches: {batches}."]
     if consumed:
         used = []
         for path in consumed:
@@ -205,7 +210,7 @@ def _notes(epochs: list[Epoch], walks: list[dict[str, dict[int | None, Any]]], c
     idle = [p for p in every if p not in consumed]
     if idle:
         notes.append(f"Not consumed, so not judged: {', '.join(idle)}.")
-    if config.get("num_workers") == 0:
+    if in_process:
         notes.append("num_workers=0: the batches were fetched in this process, so no two workers can share a stream; "
                      "the epochs were compared.")
     return notes
