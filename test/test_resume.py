@@ -11,6 +11,7 @@ import unittest
 from typing import Any
 
 import pytest
+import torch
 from process_helpers import still_running
 from resume_recipes import ResumeRecipe
 
@@ -257,7 +258,7 @@ class PlainUnittestMixinTest(tp.TrainParityMixin, unittest.TestCase):
             self.assertResumeEquivalent(ResumeRecipe(fault="nondeterministic"), steps=3, abstain="skip", timeout=60)
 
 
-def test_numpy_losses_are_accepted() -> None:
+def test_numpy_losses_are_accepted_and_complex_ones_refused() -> None:
     import numpy as np
 
     from trainparity._recipe._recipe import loss_value
@@ -266,6 +267,10 @@ def test_numpy_losses_are_accepted() -> None:
     assert loss_value(np.int64(2), "here") == 2.0
     with pytest.raises(TypeError, match="here: step\\(\\) must return a loss"):
         loss_value("0.5", "here")
+    with pytest.raises(TypeError, match="here: step\\(\\) must return a real loss, got a torch.complex64 tensor"):
+        loss_value(torch.tensor(1 + 2j), "here")
+    with pytest.raises(TypeError, match="here: step\\(\\) must return a loss"):
+        loss_value(1 + 2j, "here")
 
 
 def test_the_mixin_runs_under_plain_unittest() -> None:

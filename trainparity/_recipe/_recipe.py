@@ -155,6 +155,8 @@ def loss_value(loss: Any, where: str) -> float | None:
     if isinstance(loss, torch.Tensor):
         if loss.numel() != 1:
             raise TypeError(f"{where}: step() must return a scalar loss, got a tensor of shape {list(loss.shape)}")
+        if loss.is_complex():
+            raise TypeError(f"{where}: step() must return a real loss, got a {loss.dtype} tensor")
         return float(loss.detach().reshape(()).item())
     if isinstance(loss, (int, float, np.floating, np.integer)) and not isinstance(loss, bool):
         return float(loss)
