@@ -230,21 +230,25 @@ def _first(iterator: Iterator[int]) -> Iterator[int]:
 
 class StopsInStep(tp.Recipe):
     """`step()` reads an exhausted iterator at its second call (StopIteration); with `own_generator`, inside a
-    generator of its own, which Python turns into 'RuntimeError: generator raised StopIteration'."""
+    generator of its own, which Python turns into 'RuntimeError: generator raised StopIteration'; with
+    `in_batches`, `batches()` (a generator) does, at its second batch."""
 
-    def __init__(self, own_generator: bool = False) -> None:
-        self.own_generator = own_generator
+    def __init__(self, own_generator: bool = False, in_batches: bool = False) -> None:
+        self.own_generator, self.in_batches = own_generator, in_batches
 
     def setup(self) -> tp.State:
         model = nn.Linear(4, 1)
         return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), step=0)
 
     def batches(self, state: tp.State) -> Iterator[torch.Tensor]:
+        yield torch.ones(8, 4)
+        if self.in_batches:
+            next(iter([]))
         while True:
             yield torch.ones(8, 4)
 
     def step(self, state: tp.State, batch: torch.Tensor) -> torch.Tensor:
-        if state.step == 1:
+        if state.step == 1 and not self.in_batches:
             empty: Iterator[int] = iter([])
             if self.own_generator:
                 list(_first(empty))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
 import types
 from typing import Any, NamedTuple
@@ -81,13 +82,43 @@ class Encoding(collections.UserDict):  # type: ignore[type-arg]
             raise AttributeError(name) from None
 
 
-def test_mappings_that_are_no_dict_are_cut_and_kept() -> None:
-    parts = tp.split_batch(Encoding({"input_ids": torch.arange(8).reshape(4, 2), "mask": torch.ones(4, 2)}, 1), 2)
+class Bag(collections.abc.MutableMapping):  # type: ignore[type-arg]
+    """A mapping of its own making, its items in an attribute that a shallow copy shares."""
+
+    def __init__(self, **items: Any) -> None:
+        self.items_ = dict(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.items_[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.items_[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.items_[key]
+
+    def __iter__(self) -> Any:
+        return iter(self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+
+def test_user_dicts_and_mapping_proxies_are_cut_and_kept() -> None:
+    batch = Encoding({"input_ids": torch.arange(8).reshape(4, 2), "mask": torch.ones(4, 2)}, 1)
+    parts = tp.split_batch(batch, 2)
     assert all(type(part) is Encoding and part.n_sequences == 1 for part in parts)
     assert [part.input_ids.tolist() for part in parts] == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
+    assert list(batch) == ["input_ids", "mask"] and batch["input_ids"].shape == (4, 2)  # the batch is untouched
     proxies = tp.split_batch(types.MappingProxyType({"x": torch.arange(4)}), 2)
     assert [type(part) for part in proxies] == [types.MappingProxyType] * 2
     assert [part["x"].tolist() for part in proxies] == [[0, 1], [2, 3]]
+
+
+def test_other_mappings_are_batch_level_values_left_as_they_are() -> None:
+    bag = Bag(x=torch.arange(4))
+    parts = tp.split_batch({"ids": torch.arange(4), "bag": bag}, 2)
+    assert all(part["bag"] is bag for part in parts) and list(bag) == ["x"]
 
 
 class EncodedBatches(tp.Recipe):

@@ -60,3 +60,19 @@ def test_declaring_lazy_parameters_frozen_before_they_have_values_names_the_fix(
     with pytest.raises(ValueError, match=r"frozen=: body\.0\.weight, body\.0\.bias belong to a lazy module that no "
                                          r"forward pass has given values yet.*forward pass of a dummy batch"):
         tp.check_frozen(recipes.LazyModel, frozen="body.0.*")
+
+
+class LazyHeadNotOptimized(recipes.LazyUnusedHead):
+    """The optimizer holds the body only; the lazy auxiliary head runs (which sizes it)."""
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return super().optimizer(model.body)  # type: ignore[arg-type]
+
+
+@pytest.mark.exact
+def test_a_lazy_parameter_no_optimizer_holds_is_found_after_the_forward_that_sizes_it() -> None:
+    result = tp.check_optimizer_coverage(LazyHeadNotOptimized)
+    assert found(result) == [("param_not_optimized", "parameters.aux.weight", 1, "param_not_optimized"),
+                             ("param_not_optimized", "parameters.aux.bias", 1, "param_not_optimized")]
+    assert "(shape [3, 8]) requires grad, but no optimizer of the State holds it after step 1" in \
+        result.violations[0].message

@@ -147,6 +147,8 @@ class Configured(tp.Recipe):
         self.config = config
 
     def setup(self) -> tp.State:
+        if self.config.optimizer is not Optimizer.SGD:  # the class's own enum, wherever it was rebuilt
+            raise TypeError(f"not this module's Optimizer: {type(self.config.optimizer)}")
         model = torch.nn.Linear(2, 1)
         return tp.State(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=self.config.lr), step=0)
 
@@ -169,9 +171,9 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.parametrize("isolation", ["process", "spawn"])
+@pytest.mark.parametrize("isolation", ["process", "spawn", "inprocess"])
 @pytest.mark.parametrize("as_module", [False, True], ids=["python script.py", "python -m script"])
-def test_a_script_s_recipe_built_from_the_script_s_own_objects_is_rebuilt_in_fresh_processes(
+def test_a_script_s_recipe_built_from_the_script_s_own_objects_gets_them_wherever_it_is_rebuilt(
         tmp_path: pathlib.Path, isolation: str, as_module: bool) -> None:
     (tmp_path / "configured.py").write_text(CONFIGURED_SCRIPT)
     program = ["-m", "configured"] if as_module else ["configured.py"]

@@ -253,8 +253,9 @@ def test_a_stop_iteration_out_of_step_is_reported_as_the_recipe_raised_it(isolat
         with pytest.raises(StopIteration):
             tp.assert_training_healthy(StopsInStep(), steps=3, isolation=isolation)
     # One of the recipe's own generators makes it a RuntimeError in the recipe's code: that is what it raised.
-    own = tp.check_training(StopsInStep(own_generator=True), steps=3, isolation=isolation, timeout=120)
-    assert own.reason == "training: the recipe raised RuntimeError: generator raised StopIteration"
+    for own_generator in (StopsInStep(own_generator=True), StopsInStep(in_batches=True)):
+        own = tp.check_training(own_generator, steps=3, isolation=isolation, timeout=120)
+        assert own.reason == "training: the recipe raised RuntimeError: generator raised StopIteration"
 
 
 def test_escape_codes_in_an_exception_do_not_reach_the_report() -> None:

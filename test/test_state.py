@@ -84,7 +84,7 @@ def test_checkpoint_needs_no_unpickling(tmp_path: pathlib.Path) -> None:
     state = make_state()
     tp.save_state(state, tmp_path / "checkpoint")
     document = torch.load(tmp_path / "checkpoint", weights_only=True)
-    assert document["format"] == "trainparity.save_state/1"
+    assert document["format"] == "trainparity.save_state/2"
 
 
 def test_misuse() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import state_values_recipes as recipes
+import torch
 
 import trainparity as tp
 from trainparity._state._compare import EXACT, compare_snapshots
@@ -28,6 +29,8 @@ ARRAYS = {
     "zero-width": lambda: np.array(["", ""], dtype="<U0"),
     "0-dim string": lambda: np.array("scalar"),
     "int32": lambda: np.arange(6, dtype=np.int32).reshape(2, 3),
+    "big-endian": lambda: np.arange(4, dtype=">f4"),
+    "records with an object": lambda: np.array([(1, "a"), (2, None)], dtype=[("x", "<i4"), ("y", "O")]),
 }
 
 
@@ -45,6 +48,26 @@ def test_every_array_survives_the_reference_checkpoint(kind: str, tmp_path: path
     assert same_array(saved.x, loaded.x), (saved.x, loaded.x)
     assert same_array(saved.nested["inner"][0], loaded.nested["inner"][0])
     assert list(compare_snapshots(snapshot_state(saved), snapshot_state(loaded), EXACT)) == []
+
+
+def test_arrays_of_objects_side_by_side_keep_their_own_items(tmp_path: pathlib.Path) -> None:
+    # Each array's list of items is made while saving and freed after: another must not be taken for it.
+    saved = tp.State(meta={"a": np.array(["x", None], dtype=object), "b": np.array([1, None], dtype=object),
+                           "c": np.array([2.5, "y", None], dtype=object)})
+    tp.save_state(saved, tmp_path / "checkpoint.pt")
+    loaded = tp.load_state(tp.State(meta=None), tmp_path / "checkpoint.pt")
+    assert {key: array.tolist() for key, array in loaded.meta.items()} == {
+        "a": ["x", None], "b": [1, None], "c": [2.5, "y", None]}
+
+
+def test_a_checkpoint_of_another_format_is_refused_naming_it(tmp_path: pathlib.Path) -> None:
+    torch.save({"format": "trainparity.save_state/1", "components": {}, "rng": {}}, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match=r"old.pt was written by another version of tp.save_state\(\) \(format "
+                                         r"'trainparity.save_state/1'; this one reads 'trainparity.save_state/2'\)"):
+        tp.load_state(tp.State(x=1), tmp_path / "old.pt")
+    torch.save({"something": "else"}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other.pt was not written by tp.save_state\(\)"):
+        tp.load_state(tp.State(x=1), tmp_path / "other.pt")
 
 
 @pytest.mark.parametrize("stream", sorted(recipes.STREAMS))

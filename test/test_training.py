@@ -289,6 +289,10 @@ def test_the_schedule_is_judged_in_this_process_whatever_the_isolation() -> None
     with pytest.raises(ValueError, match=r"^lr_schedule\(2\) raised IndexError: list index out of range; "
                                          r"lr_schedule= must give the learning rate of every optimizer step"):
         tp.check_training(recipes.Fit, steps=3, lr_schedule=lambda index: warmup[index])
+    # One exactly as long as the run: probing the step after the last (is the scheduler a step ahead?) is no error.
+    rates = [1.0, 1.0]
+    assert first(tp.check_training(recipes.Fit, steps=2, lr_schedule=lambda index: rates[index])) == (
+        "lr_mismatch", "optimizer.param_groups.0.lr", 1, "lr_mismatch")
 
 
 @pytest.mark.parametrize(("arguments", "error", "message"), [

@@ -1,7 +1,7 @@
 """`split_batch`: cut a full batch into micro-batches along dim 0, through nested containers.
 
-A batch is walked through tuples (named tuples included), lists, dicts and other mappings
-(transformers' `BatchEncoding`) and dataclass instances. Every torch tensor and numpy array
+A batch is walked through tuples (named tuples included), lists, dicts, `UserDict`s (transformers'
+`BatchEncoding`), read-only mapping proxies and dataclass instances. Every torch tensor and numpy array
 with at least one dimension is a per-sample leaf and is cut along dim 0 (a nested tensor by its
 components, a sparse COO tensor by its rows); all of them must share the same dim-0 size (the
 batch size).
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections import UserDict
+from collections.abc import Callable, Iterator, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,14 +27,19 @@ Microbatches = int | Sequence[int]
 _SCALARS = (bool, int, float, complex, str, bytes)
 
 
+#: the mappings a batch is walked through: those `_rebuild` makes anew without touching the batch (a UserDict's copy
+#: has its own items: transformers' BatchEncoding); any other mapping is a leaf, passed on as it is
+_MAPPINGS = (dict, UserDict, MappingProxyType)
+
+
 def _is_container(value: Any) -> bool:
-    return isinstance(value, (tuple, list, Mapping)) or (
+    return isinstance(value, (tuple, list, *_MAPPINGS)) or (
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     )
 
 
 def _children(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    if isinstance(value, Mapping):
+    if isinstance(value, _MAPPINGS):
         for key, item in value.items():
             yield f"{path}[{key!r}]", item
     elif isinstance(value, (tuple, list)):
@@ -46,17 +53,14 @@ def _children(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 def _rebuild(value: Any, items: list[Any]) -> Any:
     """`value` with its children (in `_children` order) replaced by `items`."""
-    if isinstance(value, MutableMapping):
-        out = copy.copy(value)  # keeps dict subclasses (OrderedDict, defaultdict, BatchEncoding) and their extras
+    if isinstance(value, MappingProxyType):
+        return MappingProxyType(dict(zip(value.keys(), items, strict=True)))
+    if isinstance(value, (dict, UserDict)):
+        keys = list(value.keys())
+        out = copy.copy(value)  # keeps dict subclasses (OrderedDict, defaultdict), UserDicts and their extras
         out.clear()
-        out.update(zip(value.keys(), items, strict=True))
+        out.update(zip(keys, items, strict=True))
         return out
-    if isinstance(value, Mapping):  # a read-only one (MappingProxyType): built from a dict of its new items
-        try:
-            return type(value)(dict(zip(value.keys(), items, strict=True)))  # type: ignore[call-arg]
-        except TypeError as error:
-            raise ValueError(f"cannot split the batch: a {type(value).__name__} cannot be rebuilt from a dict of "
-                             f"its items ({error}); pass split= to cut it yourself") from None
     if isinstance(value, tuple):
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     if isinstance(value, list):
@@ -93,7 +97,7 @@ def _cut(tensor: torch.Tensor, sizes: list[int], offsets: list[int]) -> list[tor
     """`tensor` cut along dim 0 into parts of `sizes` (views where torch makes them)."""
     if tensor.is_nested:  # torch.split refuses dim 0 of a nested tensor: its components, regrouped
         components = tensor.unbind()
-        return [torch.nested.nested_tensor(list(components[start:start + size]), layout=tensor.layout)
+        return [torch.nested.as_nested_tensor(list(components[start:start + size]), layout=tensor.layout)
                 for start, size in zip([0, *offsets], sizes, strict=True)]
     if tensor.layout == torch.sparse_coo:
         return [tensor.narrow_copy(0, start, size) for start, size in zip([0, *offsets], sizes, strict=True)]
@@ -202,7 +206,7 @@ def split_batch(batch: Any, microbatches: Microbatches) -> list[Any]:
 
     `microbatches` is an int k (k equal parts; the batch size must be divisible by k) or a
     sequence of sizes such as (3, 3, 2) that must add up to the batch size. Containers
-    (tuples, named tuples, lists, dicts and other mappings, dataclasses) keep their type; batch-level
+    (tuples, named tuples, lists, dicts, UserDicts, mapping proxies, dataclasses) keep their type; batch-level
     leaves (0-dim tensors, numbers, strings, None) are shared by every micro-batch. Tensor parts
     are views of the batch, as with `torch.split` (copies for nested and sparse COO tensors). Raises
     ValueError when the batch cannot be cut as declared (a sparse CSR tensor: pass split=).

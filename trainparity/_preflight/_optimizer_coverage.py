@@ -205,8 +205,10 @@ def _listed(items: list[str], limit: int = 6) -> str:
 
 
 def _unoptimized(parameter: Parameter) -> bool:
-    """Trainable, and neither an optimizer nor averaging updates it."""
-    return parameter.trainable and not parameter.groups and parameter.averaged_by is None
+    """Trainable, and neither an optimizer nor averaging updates it; a lazy module's parameter once a forward pass
+    gave it values (before, it takes part in nothing: it is judged after the steps)."""
+    return (parameter.trainable and not parameter.groups and parameter.averaged_by is None
+            and parameter.shape is not None)
 
 
 def _layout_violations(layout: Layout) -> Iterator[Violation]:

@@ -260,9 +260,17 @@ class _Judge:
             self.shifts[optimizer] = self._shift(optimizer)
         return self.shifts[optimizer]
 
+    def _probed(self, optimizer: str, index: int, groups: int) -> list[float] | None:
+        """`expected` for an optimizer step the run may not have taken (the one after its last): a schedule that
+        has no learning rate there (raises, or gives no number) has none."""
+        try:
+            return self.expected(optimizer, index, groups)
+        except (TypeError, ValueError):
+            return None
+
     def _shift(self, optimizer: str) -> int | None:
         for shift in (1, -1):
-            compared = [(rates, self.expected(optimizer, index + shift, len(rates)))
+            compared = [(rates, self._probed(optimizer, index + shift, len(rates)))
                         for index, rates in self.rates.get(optimizer, [])]
             pairs = [(rates, wanted) for rates, wanted in compared if wanted is not None]
             if pairs and all(_close(a, w) for rates, wanted in pairs for a, w in zip(rates, wanted, strict=True)):

@@ -114,8 +114,8 @@ def recipe_exception(error: BaseException) -> BaseException:
     loop) that a generator of the engine turned into 'RuntimeError: generator raised StopIteration' (PEP 479) is
     the StopIteration itself; one of the user's own generators keeps its RuntimeError."""
     if isinstance(error, RuntimeError) and isinstance(error.__cause__, StopIteration):
-        frames = traceback.extract_tb(error.__traceback__)
-        if frames and engine_frame(frames[-1].filename):
+        frames = traceback.extract_tb(error.__cause__.__traceback__)  # from the generator the StopIteration left
+        if frames and engine_frame(frames[0].filename):
             return error.__cause__
     return error
 

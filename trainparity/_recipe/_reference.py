@@ -53,7 +53,7 @@ class RecipeRef:
     def build(self, **overrides: Any) -> Recipe[Any]:
         """Construct the recipe anew, with `overrides` replacing constructor keyword arguments."""
         cls = self.recipe_class()  # first: the arguments may hold objects of the recipe's module
-        args, kwargs = self._arguments()
+        args, kwargs = self._arguments(rebuilding=True)
         try:
             return cls(*args, **{**kwargs, **overrides})
         except TypeError as error:
@@ -63,10 +63,14 @@ class RecipeRef:
             raise
 
 
-    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        main_elsewhere = self.from_main and module_file(sys.modules.get("__main__")) != self.file
+    def _arguments(self, *, rebuilding: bool = False) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The constructor's arguments. To rebuild the recipe, objects of `__main__` are taken from the module its
+        class is loaded from (the script again, under another name, in this process too), so that they are the
+        class's own; to name it, from `__main__` where that is the script (nothing is loaded for a name)."""
+        script_is_main = module_file(sys.modules.get("__main__")) == self.file
         arguments: tuple[tuple[Any, ...], dict[str, Any]] = (
-            _MainUnpickler(io.BytesIO(self.arguments), self).load() if main_elsewhere else pickle.loads(self.arguments))
+            _MainUnpickler(io.BytesIO(self.arguments), self).load()
+            if self.from_main and (rebuilding or not script_is_main) else pickle.loads(self.arguments))
         return arguments
 
 

@@ -182,7 +182,8 @@ def judge_resume(
                 violations.append(dataclasses.replace(data, sample_id=sample, position=position))
             elif difference.aspect == "mode":
                 at_save, at_load = saved.modes.get(mismatch.path), loaded.modes.get(mismatch.path)
-                left = at_save is not None and at_load is not None and at_save != at_load
+                # load() left a mode the steps since kept: the resumed run trained in it
+                left = at_save is not None and at_save != at_load and mismatch.actual == at_load
                 violations.append(violation(
                     "state_mismatch", mismatch, step, "not_restored" if left else None,
                     "The State's modules are in another mode (train or eval, which dropout and batch norm follow) "

@@ -27,7 +27,8 @@ from trainparity._state._rng import capture_rng, restore_rng, set_stream_state, 
 from trainparity._state._tensors import uninitialized
 
 StateT = TypeVar("StateT", bound=State)
-CHECKPOINT_FORMAT = "trainparity.save_state/1"
+#: /2: random streams as {"__stream__": kind, "state": ...}, numpy arrays of every dtype
+CHECKPOINT_FORMAT = "trainparity.save_state/2"
 
 
 def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
@@ -37,8 +38,8 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if id(value) in memo:
         return memo[id(value)]
     kind = stream_kind(value)
-    if kind is not None:
-        return {"__stream__": kind, "state": _to_storable(stream_state(kind, value), memo)}
+    if kind is not None:  # the state is made for this call: its own memo, as its id is free again once it is stored
+        return {"__stream__": kind, "state": _to_storable(stream_state(kind, value), {})}
     if uninitialized(value):  # a lazy module's: no values, and torch.load(weights_only=True) refuses it
         return {"__uninitialized__": isinstance(value, nn.Parameter)}
     if isinstance(value, torch.Tensor) and value.is_nested:  # not every torch's weights_only load rebuilds one
@@ -49,7 +50,7 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if isinstance(value, torch.Tensor):
         return value.detach().clone()
     if isinstance(value, np.ndarray):
-        return _storable_array(value, memo)
+        return _storable_array(value)
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
@@ -64,17 +65,19 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
     return value
 
 
-def _storable_array(array: np.ndarray[Any, Any], memo: dict[int, Any]) -> dict[str, Any]:
-    """An array as a tensor of its values, or of its bytes for a dtype torch lacks (strings, datetimes, records,
-    float128); an array of Python objects as the list of its items."""
-    if array.dtype.hasobject:
-        return {"__ndarray_objects__": _to_storable(array.ravel().tolist(), memo), "shape": list(array.shape)}
+def _storable_array(array: np.ndarray[Any, Any]) -> dict[str, Any]:
+    """An array as a tensor of its values (in this machine's byte order), or of its bytes for a dtype torch lacks
+    (strings, datetimes, records, float128); an array holding Python objects as the list of its items."""
+    descr = np.lib.format.dtype_to_descr(array.dtype)
+    if array.dtype.hasobject:  # the list is made for this call: its own memo, as its id is free again afterwards
+        return {"__ndarray_objects__": _to_storable(array.ravel().tolist(), {}), "dtype": descr,
+                "shape": list(array.shape)}
     try:
-        return {"__ndarray__": torch.from_numpy(array.copy()), "dtype": str(array.dtype)}
+        native = array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+        return {"__ndarray__": torch.from_numpy(native.copy()), "dtype": str(array.dtype)}
     except TypeError:  # "can't convert np.ndarray of type numpy.str_"
         data = torch.frombuffer(bytearray(array.tobytes()), dtype=torch.uint8) if array.nbytes else torch.empty(0)
-        return {"__ndarray_bytes__": data, "dtype": np.lib.format.dtype_to_descr(array.dtype),
-                "shape": list(array.shape)}
+        return {"__ndarray_bytes__": data, "dtype": descr, "shape": list(array.shape)}
 
 
 def _array_from_storable(value: dict[str, Any], memo: dict[int, Any]) -> np.ndarray[Any, Any]:
@@ -86,6 +89,9 @@ def _array_from_storable(value: dict[str, Any], memo: dict[int, Any]) -> np.ndar
             return np.empty(value["shape"], dtype)
         return np.frombuffer(value["__ndarray_bytes__"].numpy().tobytes(), dtype).reshape(value["shape"])
     items = _from_storable(value["__ndarray_objects__"], memo)
+    dtype = np.lib.format.descr_to_dtype(value["dtype"])
+    if dtype.fields:  # records with an object field: each item is a record's tuple
+        return np.array(items, dtype=dtype).reshape(value["shape"])
     array = np.empty(len(items), dtype=object)
     for index, item in enumerate(items):  # one by one: numpy would make an item that is a list a dimension
         array[index] = item
@@ -141,7 +147,11 @@ def load_state(state: StateT, path: str | pathlib.Path) -> StateT:
     if not isinstance(state, State):
         raise TypeError(f"load_state() takes a tp.State (e.g. the one setup() returns), got {type(state).__name__}")
     document = torch.load(pathlib.Path(path), weights_only=True)
-    if not isinstance(document, dict) or document.get("format") != CHECKPOINT_FORMAT:
+    written = document.get("format") if isinstance(document, dict) else None
+    if isinstance(written, str) and written.startswith("trainparity.save_state/") and written != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} was written by another version of tp.save_state() (format {written!r}; this one "
+                         f"reads {CHECKPOINT_FORMAT!r}): save it again with this version")
+    if written != CHECKPOINT_FORMAT:
         raise ValueError(f"{path} was not written by tp.save_state()")
     components: dict[str, Any] = document["components"]
     names = parameter_names(state)

@@ -150,7 +150,7 @@ def _array_values(array: np.ndarray[Any, Any]) -> torch.Tensor | list[Any]:
     """An array's values as a tensor (a copy: the array may change); one of a dtype torch lacks (strings,
     objects, float128) as a list of its items."""
     try:
-        return torch.from_numpy(np.array(array, copy=True))
+        return torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("="), copy=True))
     except TypeError:
         items: list[Any] = array.tolist()
         return items
