@@ -63,16 +63,15 @@ def _feed(hasher: Any, value: Any) -> None:
 def stream_digest(kind: str, stream: Any) -> StreamDigest:
     """The digest of a stream's state (`kind` as `stream_kind` names it)."""
     hasher = hashlib.blake2b(digest_size=16)
+    state = stream_state(kind, stream)
     if kind == "torch.Generator":
-        hasher.update(stream.get_state().numpy().tobytes())
-    elif kind == "numpy.random.Generator":
-        _feed(hasher, stream.bit_generator.state)
-    elif kind == "numpy.random.RandomState":
-        _feed(hasher, stream.get_state(legacy=False))
-    else:  # random.Random: (version, 625 words, gauss_next); the words as one array, not 625 reprs
-        version, words, gauss = stream.getstate()
+        hasher.update(state.numpy().tobytes())
+    elif kind == "random.Random":  # (version, 625 words, gauss_next); the words as one array, not 625 reprs
+        version, words, gauss = state
         hasher.update(np.fromiter(words, dtype=np.uint64, count=len(words)).tobytes())
         _feed(hasher, (version, gauss))
+    else:
+        _feed(hasher, state)
     return hasher.digest()
 
 
