@@ -126,6 +126,35 @@ def test_contributions_are_held_only_for_windows_whose_gradients_differ(monkeypa
     assert held == [[[False] * 4, [False] * 4], [[False] * 4, [True] * 4]]
 
 
+def test_contributions_are_sampled_only_in_a_second_candidate_run_when_a_gradient_differs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # In this process the candidate runs first without sampling contributions (a gradient hook per parameter and
+    # backward); only when one of its gradients differs from the reference's, whose diagnosis reads them, does it
+    # run again sampling them, and that run is the one judged.
+    runs: list[tuple[str, int]] = []  # (run, contributions sampled in it)
+    observer_class = trainparity._accumulation._run.Observer
+
+    class CountingObserver(observer_class):  # type: ignore[misc, valid-type]
+        def _contribution(self, name: str, grad: torch.Tensor) -> None:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+            super()._contribution(name, grad)
+
+    run = trainparity._accumulation._run.accumulation_run
+
+    def counted_run(payload: Any, workdir: Any) -> Any:
+        runs.append(("reference" if payload.microbatches is None else "candidate", 0))
+        return run(payload, workdir)
+
+    monkeypatch.setattr(trainparity._accumulation._run, "Observer", CountingObserver)
+    monkeypatch.setattr(trainparity._accumulation._run, "accumulation_run", counted_run)
+    assert check(recipes.Scaled).passed
+    assert runs == [("reference", 0), ("candidate", 0)]
+    runs.clear()
+    failed = check(recipes.NotScaled)
+    assert failed.first_violation is not None and failed.first_violation.cause == "loss_not_scaled"
+    assert [name for name, _ in runs] == ["reference", "candidate", "candidate"] and runs[1][1] == 0 < runs[2][1]
+
+
 def test_scheduler_fault_marks_the_scheduler_state_and_the_learning_rate_used() -> None:
     result = check(recipes.SchedulerPerMicrobatch)
     first = result.first_violation
@@ -506,9 +535,11 @@ def test_hooks_and_wrappers_are_removed_afterwards(recipe: type[recipes.MLP]) ->
     imported = recipes.clip_grad_norm_
     recipes.BUILT.clear()
     check(recipe(record=True))
-    # The reference's State and the candidate's; a reference that raises in this process ends the check before
-    # the candidate is built.
-    assert len(recipes.BUILT) == (1 if recipe is recipes.RaisesInStep else 2)
+    # The reference's State and the candidate's, and the candidate's again where a gradient differs (its run that
+    # samples each micro-batch's contribution); a reference that raises in this process ends the check before the
+    # candidate is built.
+    runs = {recipes.RaisesInStep: 1, recipes.WithBatchNorm: 3, recipes.ClipPerMicrobatch: 3}
+    assert len(recipes.BUILT) == runs.get(recipe, 2)
     for state in recipes.BUILT:
         _assert_clean(state)
     assert {name: getattr(torch.nn.utils, name) for name in originals} == originals

@@ -151,10 +151,18 @@ def check_accumulation(
         # agree with them under the comparison: it copies, and the process pages in, only what differs.
         outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire)],
                             deadline=deadline, isolation=isolation)
+        # Each micro-batch's gradient contribution (a sample per parameter and backward) serves only to explain a
+        # gradient that differs from the reference's: the candidate runs without, and again with them where one
+        # did differ; the judge reads that second run.
         if outcomes[0].error is None:
-            sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by)
+            sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by,
+                                          sample_contributions=False)
             outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
                                  deadline=deadline, isolation=isolation)
+            if outcomes[1].error is None and not all(window.gradients_shared for window in outcomes[1].output.windows):
+                sampling = dataclasses.replace(sharing, sample_contributions=True)
+                outcomes[1:] = run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
+                                        deadline=deadline, isolation=isolation)
     else:
         outcomes = run_jobs(
             [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),

@@ -50,6 +50,9 @@ class AccumulationPayload:
     #: in this process, the reference's trace that the candidate shares the tensors it agrees with (`Sharing`)
     expected: AccumulationTrace | None = None
     comparison: Comparison = EXACT
+    #: the candidate samples each micro-batch's gradient contribution (`CallRecord.contribution`); a candidate
+    #: sharing the reference's tensors first runs without (`check_accumulation`)
+    sample_contributions: bool = True
 
 
 class _InputError(Exception):
@@ -72,7 +75,7 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
                 require_float64(iter(parameters), f"a parameter that optimizer '{entry}' steps")
 
         with Observer(state, type(recipe), disable_dropout=payload.disable_dropout,
-                      record_contributions=payload.microbatches is not None,
+                      record_contributions=payload.microbatches is not None and payload.sample_contributions,
                       batch_dependent=payload.batch_dependent, before_step=before_step) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.
             # Compared exactly: large tensors as digests.
@@ -119,7 +122,8 @@ def _observe_window(
         _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
         calls.append(call)
     steps = observer.take_step_events()
-    if expected is not None and _gradients_shared(expected, steps):
+    gradients_shared = expected is not None and _gradients_shared(expected, steps)
+    if gradients_shared:
         # The judge reads the micro-batches' gradient contributions only to explain a gradient that differs
         # from the reference's: none can here, so they are not held (and paged in) for the rest of the run.
         for call in calls:
@@ -135,7 +139,7 @@ def _observe_window(
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
         flatten(entry, state_dict(scheduler), schedulers)
-    return Window(record, _sizes(parts), calls, steps, parameters, optimizers, schedulers)
+    return Window(record, _sizes(parts), calls, steps, parameters, optimizers, schedulers, gradients_shared)
 
 
 def _gradients_shared(expected: Window, steps: dict[str, list[StepEvent]]) -> bool:

@@ -71,6 +71,9 @@ class Window:
     parameters: Snapshot
     optimizers: Snapshot
     schedulers: Snapshot
+    #: every gradient at the window's steps agreed with the reference's and is its tensor (in this process,
+    #: `_snapshot.Sharing`): no gradient of the window needs explaining, so no contribution of it is held
+    gradients_shared: bool
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class Window:
             "parameters": self.parameters,
             "optimizers": self.optimizers,
             "schedulers": self.schedulers,
+            "gradients_shared": self.gradients_shared,
         }
 
     @classmethod
@@ -93,6 +97,7 @@ class Window:
             parameters=dict(data["parameters"]),
             optimizers=dict(data["optimizers"]),
             schedulers=dict(data["schedulers"]),
+            gradients_shared=bool(data["gradients_shared"]),
         )
 
     def step_events(self) -> list[tuple[str, StepEvent]]:
