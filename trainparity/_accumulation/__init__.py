@@ -4,7 +4,8 @@ Two runs from the same seeded setup, in-process by default (or in fresh processe
 
 - the reference: the recipe built with `accumulation_steps=1`, one `step()` per full batch;
 - the candidate: the recipe built with `accumulation_steps=k`, one `step()` per micro-batch
-  of the same full batches, cut by `split` (default `split_batch`).
+  of the same full batches, cut by `split` (default `split_batch`); in-process it runs again
+  where a gradient differs, sampling what only that diagnosis reads.
 
 The run (`_run.py`) records a typed trace (`_trace.py`); the judgement (`_judge.py`) walks the
 two traces window by window and phase by phase; the diagnoses (`_diagnoses.py`) are tables of
@@ -116,7 +117,7 @@ def check_accumulation(
     unless `disable_dropout=False`. A BatchNorm-like layer in training mode really makes
     micro-batches differ: the divergence FAILs with `batch_dependent_layer`, unless
     `batch_dependent="eval"` runs those layers in eval mode. `isolation` is "inprocess"
-    (default), "process" or "spawn"; `timeout` bounds the whole check, both runs and their process
+    (default), "process" or "spawn"; `timeout` bounds the whole check, all its runs and their process
     starts (default 120 s; a run in this process is interrupted at it, see docs/api.md). `precision`,
     `isolation` and `timeout` left at None take the session's defaults (`--trainparity-*` under pytest).
     Never raises for a FAIL; misuse raises TypeError/ValueError.
