@@ -161,9 +161,10 @@ def check_accumulation(
             outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
                                  deadline=deadline, isolation=isolation)
             if outcomes[1].error is None and not all(window.gradients_shared for window in outcomes[1].output.windows):
+                del outcomes[1:]  # its copies of what differed are not held through the second run
                 sampling = dataclasses.replace(sharing, sample_contributions=True)
-                outcomes[1:] = run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
-                                        deadline=deadline, isolation=isolation)
+                outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
+                                     deadline=deadline, isolation=isolation)
     else:
         outcomes = run_jobs(
             [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
