@@ -15,6 +15,7 @@ from torch import nn
 
 import trainparity as tp
 import trainparity._accumulation
+import trainparity._state._snapshot
 from trainparity._cli import main
 
 pytestmark = pytest.mark.numeric
@@ -123,14 +124,16 @@ def test_contributions_are_held_only_for_windows_whose_gradients_differ(monkeypa
     failed = check(recipes.NoZeroGrad)
     assert failed.first_violation is not None and failed.first_violation.cause == "grads_not_reset"
     held = [[[bool(call.contribution) for call in window.calls] for window in trace.windows] for trace in candidates]
-    assert held == [[[False] * 4, [False] * 4], [[False] * 4, [True] * 4]]
+    # NoZeroGrad's first candidate run samples none (the judge asks for them, `ContributionsNeeded`), its second
+    # holds those of window 2 alone
+    assert held == [[[False] * 4, [False] * 4], [[False] * 4, [False] * 4], [[False] * 4, [True] * 4]]
 
 
-def test_contributions_are_sampled_only_in_a_second_candidate_run_when_a_gradient_differs(
+def test_contributions_are_sampled_only_in_a_second_candidate_run_when_a_diagnosis_reads_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # In this process the candidate runs first without sampling contributions (a gradient hook per parameter and
-    # backward); only when one of its gradients differs from the reference's, whose diagnosis reads them, does it
-    # run again sampling them, and that run is the one judged.
+    # backward); only when the judge diagnoses a gradient that differs from the reference's, which reads them, does
+    # it run again sampling them, and that run is the one judged.
     runs: list[tuple[str, int]] = []  # (run, contributions sampled in it)
     observer_class = trainparity._accumulation._run.Observer
 
@@ -153,6 +156,16 @@ def test_contributions_are_sampled_only_in_a_second_candidate_run_when_a_gradien
     failed = check(recipes.NotScaled)
     assert failed.first_violation is not None and failed.first_violation.cause == "loss_not_scaled"
     assert [name for name, _ in runs] == ["reference", "candidate", "candidate"] and runs[1][1] == 0 < runs[2][1]
+    runs.clear()
+    premature = check(recipes.Premature)  # a step count differs: no gradient diagnosis, no second run
+    assert premature.first_violation is not None and premature.first_violation.cause == "premature_step"
+    assert runs == [("reference", 0), ("candidate", 0)]
+    runs.clear()
+    # Nothing shared (as on a GPU, where the reference's copies are on the CPU): a pass is still two runs.
+    monkeypatch.setattr(trainparity._state._snapshot.Sharing, "leaf", lambda self, path, tensor: None)
+    monkeypatch.setattr(trainparity._accumulation._run, "_shared_gradient", lambda *args: None)
+    assert check(recipes.Scaled).passed
+    assert runs == [("reference", 0), ("candidate", 0)]
 
 
 def test_scheduler_fault_marks_the_scheduler_state_and_the_learning_rate_used() -> None:

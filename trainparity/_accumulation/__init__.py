@@ -4,8 +4,8 @@ Two runs from the same seeded setup, in-process by default (or in fresh processe
 
 - the reference: the recipe built with `accumulation_steps=1`, one `step()` per full batch;
 - the candidate: the recipe built with `accumulation_steps=k`, one `step()` per micro-batch
-  of the same full batches, cut by `split` (default `split_batch`); in-process it runs again
-  where a gradient differs, sampling what only that diagnosis reads.
+  of the same full batches, cut by `split` (default `split_batch`); in-process it runs again,
+  sampling what only that diagnosis reads, where the judge diagnoses a gradient that differs.
 
 The run (`_run.py`) records a typed trace (`_trace.py`); the judgement (`_judge.py`) walks the
 two traces window by window and phase by phase; the diagnoses (`_diagnoses.py`) are tables of
@@ -21,12 +21,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from trainparity._accumulation._judge import judge_accumulation
+from trainparity._accumulation._judge import ContributionsNeeded, judge_accumulation
 from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
 from trainparity._process import _session
-from trainparity._process._engine import Job, first_error, run_jobs
+from trainparity._process._engine import Job, JobOutcome, first_error, run_jobs
 from trainparity._process._options import Deadline, Isolation
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import Recipe
@@ -149,22 +149,15 @@ def check_accumulation(
     judged_by = effective_comparison(declared, precision)
     if isolation == "inprocess":
         # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
-        # agree with them under the comparison: it copies, and the process pages in, only what differs.
+        # agree with them under the comparison: it copies, and the process pages in, only what differs. It samples
+        # no micro-batch contribution (a gradient hook per parameter and backward) until the judge needs them.
         outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire)],
                             deadline=deadline, isolation=isolation)
-        # Each micro-batch's gradient contribution (a sample per parameter and backward) serves only to explain a
-        # gradient that differs from the reference's: the candidate runs without, and again with them where one
-        # did differ; the judge reads that second run.
         if outcomes[0].error is None:
             sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by,
                                           sample_contributions=False)
             outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
                                  deadline=deadline, isolation=isolation)
-            if outcomes[1].error is None and not all(window.gradients_shared for window in outcomes[1].output.windows):
-                del outcomes[1:]  # its copies of what differed are not held through the second run
-                sampling = dataclasses.replace(sharing, sample_contributions=True)
-                outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
-                                     deadline=deadline, isolation=isolation)
     else:
         outcomes = run_jobs(
             [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
@@ -172,12 +165,31 @@ def check_accumulation(
             deadline=deadline,
             isolation=isolation,
         )
+    errored = _errored(outcomes, config, precision)
+    if errored is not None:
+        return errored
+    reference_trace = outcomes[0].output
+    try:
+        return judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision,
+                                  batch_dependent)
+    except ContributionsNeeded:  # a gradient differs, and its diagnosis reads each micro-batch's contribution
+        del outcomes[1:]  # the first run's copies of what differed are not held through the second
+    sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=judged_by)
+    outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
+                         deadline=deadline, isolation=isolation)
+    errored = _errored(outcomes, config, precision)
+    if errored is not None:
+        return errored
+    return judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision, batch_dependent)
+
+
+def _errored(outcomes: list[JobOutcome], config: dict[str, JsonValue], precision: str) -> AccumulationResult | None:
+    """The ERROR result of the first run that failed, or None when none did."""
     failed = first_error(outcomes)
-    if failed is not None and failed.error is not None:
-        result = AccumulationResult.errored(failed.error, config, failed.exception)
-        hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
-        if hint is not None:
-            result.notes.append(hint)
-        return result
-    reference_trace, candidate_trace = (o.output for o in outcomes)
-    return judge_accumulation(reference_trace, candidate_trace, k, judged_by, config, precision, batch_dependent)
+    if failed is None or failed.error is None:
+        return None
+    result = AccumulationResult.errored(failed.error, config, failed.exception)
+    hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
+    if hint is not None:
+        result.notes.append(hint)
+    return result

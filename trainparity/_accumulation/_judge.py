@@ -66,6 +66,11 @@ def _indices(values: Sequence[int]) -> str:
     return ", ".join(str(i) for i, v in enumerate(values) if v)
 
 
+class ContributionsNeeded(Exception):
+    """A gradient differs and its diagnosis reads each micro-batch's contribution, which the candidate's trace was
+    recorded without: the candidate must run again sampling them."""
+
+
 def judge_accumulation(
     reference: AccumulationTrace,
     candidate: AccumulationTrace,
@@ -75,7 +80,8 @@ def judge_accumulation(
     precision: str,
     batch_dependent_mode: str,
 ) -> AccumulationResult:
-    """The verdict on two traces; raises ValueError when the candidate's batches could not be cut."""
+    """The verdict on two traces; raises ValueError when the candidate's batches could not be cut, and
+    ContributionsNeeded when a diagnosis needs what the candidate's trace was recorded without."""
     initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
                               compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
     for mismatch in initial:
@@ -246,6 +252,7 @@ class WindowJudgement:
         self.index, self.ref, self.cand, self.previous = index, ref, cand, previous
         self.k, self.comparison, self.precision = k, comparison, precision
         self.optimizers, self.stride = candidate.optimizers, candidate.stride
+        self.contributions_sampled = candidate.contributions_sampled
         self.batch_dependent = batch_dependent
         #: notes about this window, "{windows}" standing for where they hold
         self.notes: list[str] = []
@@ -438,6 +445,8 @@ class WindowJudgement:
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
     def _gradient_evidence(self, entry: str, ref_event: StepEvent, cand_event: StepEvent) -> GradientEvidence:
+        if not self.contributions_sampled:
+            raise ContributionsNeeded
         lengths: dict[str, int] = {}
         for event in (ref_event, cand_event):
             for name, grad in event.grads.items():

@@ -50,8 +50,8 @@ class AccumulationPayload:
     #: in this process, the reference's trace that the candidate shares the tensors it agrees with (`Sharing`)
     expected: AccumulationTrace | None = None
     comparison: Comparison = EXACT
-    #: the candidate samples each micro-batch's gradient contribution (`CallRecord.contribution`); a candidate
-    #: sharing the reference's tensors first runs without (`check_accumulation`)
+    #: the candidate samples each micro-batch's gradient contribution (`CallRecord.contribution`); in this process
+    #: it first runs without, and again with them only when the judge needs them (`check_accumulation`)
     sample_contributions: bool = True
 
 
@@ -86,7 +86,8 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
             except _InputError as error:
                 input_error = str(error)
             trace = AccumulationTrace(initial, initial_rng, input_error, windows, list(observer.optimizers),
-                                      observer.dropout, sorted(observer.batch_dependent), observer.stride)
+                                      observer.dropout, sorted(observer.batch_dependent), observer.stride,
+                                      observer.record_contributions)
     return trace.to_wire()
 
 
@@ -122,8 +123,7 @@ def _observe_window(
         _record_loss(call, returned, f"{name}.step() in window {window}, call {index}", payload.precision)
         calls.append(call)
     steps = observer.take_step_events()
-    gradients_shared = expected is not None and _gradients_shared(expected, steps)
-    if gradients_shared:
+    if expected is not None and _gradients_shared(expected, steps):
         # The judge reads the micro-batches' gradient contributions only to explain a gradient that differs
         # from the reference's: none can here, so they are not held (and paged in) for the rest of the run.
         for call in calls:
@@ -139,7 +139,7 @@ def _observe_window(
     schedulers: Snapshot = {}
     for entry, scheduler in observer.schedulers.items():
         flatten(entry, state_dict(scheduler), schedulers)
-    return Window(record, _sizes(parts), calls, steps, parameters, optimizers, schedulers, gradients_shared)
+    return Window(record, _sizes(parts), calls, steps, parameters, optimizers, schedulers)
 
 
 def _gradients_shared(expected: Window, steps: dict[str, list[StepEvent]]) -> bool:

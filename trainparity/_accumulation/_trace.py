@@ -71,9 +71,6 @@ class Window:
     parameters: Snapshot
     optimizers: Snapshot
     schedulers: Snapshot
-    #: every gradient at the window's steps agreed with the reference's and is its tensor (in this process,
-    #: `_snapshot.Sharing`): no gradient of the window needs explaining, so no contribution of it is held
-    gradients_shared: bool
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -84,7 +81,6 @@ class Window:
             "parameters": self.parameters,
             "optimizers": self.optimizers,
             "schedulers": self.schedulers,
-            "gradients_shared": self.gradients_shared,
         }
 
     @classmethod
@@ -97,7 +93,6 @@ class Window:
             parameters=dict(data["parameters"]),
             optimizers=dict(data["optimizers"]),
             schedulers=dict(data["schedulers"]),
-            gradients_shared=bool(data["gradients_shared"]),
         )
 
     def step_events(self) -> list[tuple[str, StepEvent]]:
@@ -123,6 +118,9 @@ class AccumulationTrace:
     batch_dependent: list[str]
     #: the stride of the observer's diagnosis samples (contributions, gradients before a clip)
     stride: int
+    #: each call's gradient contribution was sampled (`CallRecord.contribution`): not in the first run of a candidate
+    #: in this process, and never in the reference
+    contributions_sampled: bool
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -134,6 +132,7 @@ class AccumulationTrace:
             "dropout": dataclasses.asdict(self.dropout),
             "batch_dependent": self.batch_dependent,
             "stride": self.stride,
+            "contributions_sampled": self.contributions_sampled,
         }
 
     @classmethod
@@ -147,4 +146,5 @@ class AccumulationTrace:
             dropout=Dropout(**data["dropout"]),
             batch_dependent=list(data["batch_dependent"]),
             stride=int(data["stride"]),
+            contributions_sampled=bool(data["contributions_sampled"]),
         )
