@@ -163,7 +163,6 @@ def test_contributions_are_sampled_only_in_a_second_candidate_run_when_a_diagnos
     runs.clear()
     # Nothing shared (as on a GPU, where the reference's copies are on the CPU): a pass is still two runs.
     monkeypatch.setattr(trainparity._state._snapshot.Sharing, "leaf", lambda self, path, tensor: None)
-    monkeypatch.setattr(trainparity._accumulation._run, "_shared_gradient", lambda *args: None)
     assert check(recipes.Scaled).passed
     assert runs == [("reference", 0), ("candidate", 0)]
 
@@ -548,9 +547,9 @@ def test_hooks_and_wrappers_are_removed_afterwards(recipe: type[recipes.MLP]) ->
     imported = recipes.clip_grad_norm_
     recipes.BUILT.clear()
     check(recipe(record=True))
-    # The reference's State and the candidate's, and the candidate's again where a gradient differs (its run that
-    # samples each micro-batch's contribution); a reference that raises in this process ends the check before the
-    # candidate is built.
+    # The reference's State and the candidate's, and the candidate's again where the judge diagnoses a gradient (its
+    # run that samples each micro-batch's contribution); a reference that raises in this process ends the check
+    # before the candidate is built.
     runs = {recipes.RaisesInStep: 1, recipes.WithBatchNorm: 3, recipes.ClipPerMicrobatch: 3}
     assert len(recipes.BUILT) == runs.get(recipe, 2)
     for state in recipes.BUILT:
