@@ -142,7 +142,7 @@ def changed(tensor: torch.Tensor) -> tuple[torch.Tensor, str]:
     return _changed_structured(tensor)
 
 
-def _dtypes() -> dict[str, torch.dtype]:
+def dtypes() -> dict[str, torch.dtype]:
     """Every dtype whose tensors this torch can copy, by name (placeholder dtypes such as int4 have none)."""
     found = {}
     for name in dir(torch):
@@ -158,7 +158,7 @@ def _dtypes() -> dict[str, torch.dtype]:
 
 #: kind name -> builder from a seed
 KINDS: dict[str, Callable[[int], torch.Tensor]] = {
-    **{f"dtype_{name}": _dense(dtype) for name, dtype in sorted(_dtypes().items())},
+    **{f"dtype_{name}": _dense(dtype) for name, dtype in sorted(dtypes().items())},
     "empty": _dense(torch.float32, (0,)),
     "empty_2d": _dense(torch.float32, (0, 3)),
     "zero_dim": _dense(torch.float32, ()),

@@ -6,12 +6,14 @@ import pathlib
 
 import pytest
 import torch
-from wide_recipes import Wide
+from tensor_kinds import dtypes
+from wide_recipes import Tabled, Wide
 
 import trainparity as tp
 from trainparity._recipe._reference import resolve_recipe
 from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 from trainparity._state._compare import DIGESTS_DIFFER
+from trainparity._state import _digest
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
 
 pytestmark = pytest.mark.numeric
@@ -52,6 +54,81 @@ def test_any_change_of_the_bytes_changes_the_digest(change: str) -> None:
     else:
         other = tensor.reshape(64, 128)
     assert digest(tensor) != digest(other)
+
+
+def _bytes_of(dtype: torch.dtype, count: int, seed: int) -> torch.Tensor:
+    """`count` elements of `dtype` as random bytes (every bit pattern, NaNs included: the digest reads bytes)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (count * dtype.itemsize,), dtype=torch.uint8, generator=generator)
+
+
+def _changed_bytes(raw: torch.Tensor, change: str, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of `raw` (the bytes of 64x64 elements of `dtype`) with one structured change a linear digest misses."""
+    other = raw.clone()
+    if change == "negated":  # the sign bit of every element: -x for every float dtype
+        other.view(-1, dtype.itemsize)[:, -1] ^= 0x80
+    elif change == "word rectangle":  # +d, -d, -d, +d at the corners of a rectangle of 64-bit words
+        words = other.view(torch.int64).view(-1, 64)
+        words[0, 0] += 12345
+        words[0, 9] -= 12345
+        words[3, 0] -= 12345
+        words[3, 9] += 12345
+    elif change == "swapped blocks":
+        rows = other.view(-1, 512)
+        first = rows[0].clone()
+        rows[0] = rows[-1]
+        rows[-1] = first
+    elif change == "transposed":
+        elements = other.view(64, 64, dtype.itemsize)
+        other = elements.transpose(0, 1).contiguous().view(-1)
+    else:  # one flipped bit
+        other[len(other) // 3] ^= 0x04
+    return other
+
+
+@pytest.mark.exact
+@pytest.mark.parametrize("change", ["negated", "word rectangle", "swapped blocks", "transposed", "one flipped bit"])
+@pytest.mark.parametrize("dtype", sorted(dtypes().values(), key=str), ids=str)
+def test_structured_changes_of_the_bytes_change_the_digest_for_every_dtype(dtype: torch.dtype, change: str) -> None:
+    """The round-3 digest (sums of 64-bit words by row and column) was linear: each of these left it unchanged for
+    some dtype (a negated float64 tensor for all of them). A hash of the bytes tells them all apart."""
+    raw = _bytes_of(dtype, 64 * 64, seed=7)
+    other = _changed_bytes(raw, change, dtype)
+    assert not torch.equal(raw, other)
+    tensor, changed = raw.view(dtype).view(64, 64), other.view(dtype).view(64, 64)
+    assert digest(tensor) != digest(changed)
+    assert digest(tensor) == digest(raw.clone().view(dtype).view(64, 64))
+
+
+@pytest.mark.exact
+def test_a_large_tensor_is_hashed_in_chunks_on_threads_with_the_same_digest_as_on_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    chunks = _digest._THREADED_FROM_CHUNKS + 2
+    tensor = _bytes_of(torch.float64, chunks * _digest._CHUNK_BYTES // 8 + 5, seed=3).view(torch.float64)
+    threaded = digest(tensor)
+    monkeypatch.setattr(_digest, "_threads", lambda: 1)
+    assert digest(tensor) == threaded
+    swapped = tensor.clone()
+    block = _digest._CHUNK_BYTES // 8
+    swapped[:block], swapped[block:2 * block] = tensor[block:2 * block].clone(), tensor[:block].clone()
+    assert digest(swapped) != threaded  # two whole chunks swapped: their hashes are taken in order
+    assert digest(-tensor) != threaded
+    last = tensor.clone()
+    last[-1] = torch.nextafter(last[-1], torch.tensor(float("inf"), dtype=torch.float64))
+    assert digest(last) != threaded
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("negate", [False, True])
+def test_a_large_table_loaded_negated_is_not_restored_at_its_path(negate: bool) -> None:
+    """A 512 KiB float64 table (digested) that `load()` returns negated: the round-3 digest passed it."""
+    result = tp.check_resume(Tabled("table_negated" if negate else None), steps=4, resume_at=2, timeout=120)
+    if not negate:
+        assert result.outcome is tp.Outcome.PASS, result.report()
+        return
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.path, first.cause) == ("table", "not_restored"), result.report()
 
 
 def test_a_step_travels_as_digests_alone_and_the_save_keeps_its_small_tensors_whole(tmp_path: pathlib.Path) -> None:

@@ -51,3 +51,25 @@ class Wide(RegressionRecipe):
                 for moments in state.optimizer.state.values():
                     moments["exp_avg"].zero_()
         return state
+
+
+class Tabled(Wide):
+    """`Wide` beside a 256 x 256 float64 lookup table (512 KiB: a digest) that the training never changes;
+    `fault="table_negated"` loads it negated (a sign convention flipped by a converter)."""
+
+    def __init__(self, fault: str | None = None) -> None:
+        if fault not in (None, "table_negated"):
+            raise ValueError(f"unknown fault {fault!r}")
+        super().__init__()
+        self.table_fault = fault
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.table = torch.randn(WIDTH, WIDTH, dtype=torch.float64)
+        return state
+
+    def load(self, path: pathlib.Path) -> tp.State:
+        state = super().load(path)
+        if self.table_fault == "table_negated":
+            state.table = -state.table
+        return state
