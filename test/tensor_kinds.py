@@ -73,6 +73,14 @@ def _offset_view(seed: int) -> torch.Tensor:
     return _random(torch.float32, (9,), seed)[1:6]  # a storage offset that is no whole 8-byte word
 
 
+def _expanded(seed: int) -> torch.Tensor:
+    return _random(torch.float32, (1, SIZE), seed).expand(3, SIZE)  # stride 0: its rows share memory
+
+
+def _sliding_windows(seed: int) -> torch.Tensor:
+    return _random(torch.float32, (SIZE + 2,), seed).as_strided((3, SIZE), (1, 1))  # overlapping windows
+
+
 def _sparse_coo(seed: int) -> torch.Tensor:
     return (_random(torch.float32, (4, 4), seed) * (torch.arange(16).reshape(4, 4) % 3 == 0)).to_sparse()
 
@@ -165,6 +173,8 @@ KINDS: dict[str, Callable[[int], torch.Tensor]] = {
     "zero_dim_int": _dense(torch.int64, ()),
     "noncontiguous": _noncontiguous,
     "offset_view": _offset_view,
+    "expanded": _expanded,
+    "sliding_windows": _sliding_windows,
     "sparse_coo": _sparse_coo,
     "sparse_csr": _sparse_csr,
     "nested": _nested,
@@ -193,6 +203,7 @@ class KindsRecipe(tp.Recipe):
         model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
         model.register_buffer("nothing", torch.empty(0))  # an empty buffer of the model itself
         model.register_buffer("mask", torch.tensor([True, False, True]))
+        model.register_buffer("broadcast", torch.ones(1, 3).expand(2, 3))  # a mask registered expanded
         kinds = {name: build(index) for index, (name, build) in enumerate(KINDS.items())}
         keyed = {0: torch.ones(2), (1, "q"): [torch.zeros(3), 2**70], None: "none"}
         cycle: list[object] = [torch.arange(3)]

@@ -1,12 +1,14 @@
 """Any State a user may hold: every tensor kind compares, digests, crosses the wire and renders, in every check.
 
-The property: for generated States (tensor kinds x containers x key types, cycles included), two builds of
+The property: for generated States (tensor kinds x containers x key types, cycles, deques and OrderedDicts
+included; the other containers in test_containers.py), two builds of
 the same State compare equal under every comparison a check uses, as they are and after a child's trip
 over the wire (digests too), and a State built with one element changed differs at exactly that path.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import pathlib
@@ -115,6 +117,8 @@ PLANS = st.recursive(
         st.tuples(st.just("list"), st.lists(children, max_size=3)),
         st.tuples(st.just("tuple"), st.lists(children, max_size=3)),
         st.tuples(st.just("cycle"), st.lists(children, max_size=2)),
+        st.tuples(st.just("deque"), st.lists(children, max_size=3)),
+        st.tuples(st.just("ordered"), st.dictionaries(KEYS, children, max_size=3)),
     ),
     max_leaves=8,
 )
@@ -150,20 +154,23 @@ class Build:
             self.count += 1
             self.paths.append(path + suffix)
             return value
-        if kind == "dict":
+        if kind in ("dict", "ordered"):
             texts = [key_text(key) for key in content]
-            return {key: self.build(item, f"{path}.{repr(key) if texts.count(key_text(key)) > 1 else key_text(key)}")
-                    for key, item in content.items()}
+            mapping = {key: self.build(item, f"{path}.{repr(key) if texts.count(key_text(key)) > 1 else key_text(key)}")
+                       for key, item in content.items()}
+            return collections.OrderedDict(mapping) if kind == "ordered" else mapping
         items = [self.build(item, f"{path}.{index}") for index, item in enumerate(content)]
         if kind == "cycle":
             items.append(items)  # the list holds itself
+        if kind == "deque":
+            return collections.deque(items, maxlen=len(items) + 1)
         return tuple(items) if kind == "tuple" else items
 
 
 def numbers_only(plan: Any) -> bool:
     """A list or tuple of plain numbers (no cycle): a snapshot holds it as one tensor at the list's path."""
     kind, content = plan
-    return (kind in ("list", "tuple") and bool(content)
+    return (kind in ("list", "tuple", "deque") and bool(content)
             and all(k == "value" and isinstance(v, (bool, int, float)) for k, v in content)
             and all(-2**63 <= v < 2**63 for _, v in content if isinstance(v, int) and not isinstance(v, bool)))
 
@@ -176,7 +183,7 @@ def expected_path(plan: Any, leaf_path: str) -> str:
             return None
         if numbers_only(node) and leaf_path.startswith(f"{path}."):
             return path
-        children = content.items() if kind == "dict" else enumerate(content)
+        children = content.items() if kind in ("dict", "ordered") else enumerate(content)
         for key, child in children:
             found = walk(child, f"{path}.{key_text(key)}")
             if found is not None:
@@ -191,8 +198,9 @@ def expected_path(plan: Any, leaf_path: str) -> str:
 @example(plan=("dict", {(0, "q"): ("tensor", ("nested", 1)), 1: ("value", 2**70)}), choice=0)
 @example(plan=("list", [("value", 2**70), ("value", 1)]), choice=1)
 @example(plan=("list", [("value", 998), ("value", 0.0)]), choice=0)
-def test_generated_states_compare_equal_and_differ_at_the_changed_path(plan: Any, choice: int,
-                                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+@example(plan=("deque", [("ordered", {1: ("value", 2.5)}), ("value", "a")]), choice=0)
+def test_generated_states_compare_equal_differ_at_the_changed_path_and_are_restored(plan: Any, choice: int,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp_path = tmp_path_factory.mktemp("wire")
     first, second = Build(plan), Build(plan)
     for paths in differing_paths(first.state, second.state, tmp_path):
@@ -204,6 +212,9 @@ def test_generated_states_compare_equal_and_differ_at_the_changed_path(plan: Any
     where = expected_path(plan, changed_build.paths[index])
     for paths in differing_paths(first.state, changed_build.state, tmp_path):
         assert paths == [where]
+    tp.save_state(first.state, tmp_path / "checkpoint.pt")  # and the reference checkpoint restores the change
+    restored = tp.load_state(changed_build.state, tmp_path / "checkpoint.pt")
+    assert [m.path for m in compare_snapshots(snapshot_state(first.state), snapshot_state(restored), EXACT)] == []
 
 
 # -- the checks themselves -----------------------------------------------------------------------------------
@@ -215,7 +226,8 @@ def test_a_state_of_every_kind_resumes(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["empty", "dtype_float8_e4m3fn", "dtype_bool", "dtype_complex64", "dtype_uint32",
-                                  "dtype_bits8", "sparse_coo", "nested", "quantized", "offset_view", "digested"])
+                                  "dtype_bits8", "sparse_coo", "nested", "quantized", "offset_view", "digested",
+                                  "expanded", "sliding_windows"])
 def test_a_kind_the_checkpoint_lost_fails_at_its_path(kind: str) -> None:
     result = tp.check_resume(KindsRecipe(fault=kind), steps=4, resume_at=2, timeout=60)
     assert result.outcome is tp.Outcome.FAIL, result.report()

@@ -7,6 +7,8 @@ stream with them.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import pathlib
 from typing import Any, TypeVar
 
@@ -16,6 +18,16 @@ from torch import nn
 
 from trainparity._compat import dimension_names, named, unnamed
 from trainparity._state._compare import bitwise_equal
+from trainparity._state._containers import (
+    container_kind,
+    container_values,
+    dataclass_fields,
+    is_container,
+    is_dataclass_instance,
+    reference,
+    resolve,
+    set_items,
+)
 from trainparity._state._entries import (
     State,
     entry_components,
@@ -53,6 +65,8 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
         return _storable_array(value)
     if isinstance(value, np.generic):
         return value.item()
+    if container_kind(value) is not None:
+        return _storable_container(value, memo)
     if isinstance(value, dict):
         stored: dict[Any, Any] = memo.setdefault(id(value), {})
         stored.update((k, _to_storable(v, memo)) for k, v in value.items())
@@ -63,6 +77,78 @@ def _to_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
         items.extend(_to_storable(v, memo) for v in value)
         return memo[id(value)]
     return value
+
+
+def _storable_container(value: Any, memo: dict[int, Any]) -> dict[str, Any]:
+    """A container of another kind than dict, list and tuple, with what rebuilds it: its class by reference
+    (`_containers.reference`), a deque's maxlen, a defaultdict's factory."""
+    stored: dict[str, Any] = {"__container__": reference(type(value)), "kind": container_kind(value)}
+    memo[id(value)] = stored
+    if isinstance(value, dict):
+        stored["items"] = _to_storable(dict(value), memo)
+        if isinstance(value, collections.defaultdict):
+            factory = value.default_factory
+            stored["factory"] = None if factory is None else reference(factory) or container_kind(value)
+    elif isinstance(value, (set, frozenset)):
+        stored["items"] = [_to_storable(item, memo) for item in set_items(value)]
+    elif is_dataclass_instance(value):
+        stored["items"] = {name: _to_storable(item, memo) for name, item in dataclass_fields(value)}
+    else:  # a deque, a namedtuple, a list or tuple subclass
+        stored["items"] = [_to_storable(item, memo) for item in value]
+        if isinstance(value, collections.deque):
+            stored["maxlen"] = value.maxlen
+    return stored
+
+
+def _container_from_storable(value: dict[str, Any], memo: dict[int, Any], like: Any) -> Any:
+    """Inverse of `_storable_container`; `like` is the fresh State's value at the same place, whose class (and
+    defaultdict factory) is taken where the checkpoint's cannot be imported (a class of the user's script)."""
+    cls: Any = resolve(value["__container__"], type(like))
+    if cls is None and like is not None and container_kind(like) == value["kind"]:
+        cls = type(like)  # a class of no importable name (defined in a function): the fresh State's own
+    if not isinstance(cls, type):
+        raise ValueError(f"tp.load_state() cannot rebuild a {value['kind']} (its class cannot be imported "
+                         "and the State that setup() returns holds none in its place): define it at module level")
+    stored = value["items"]
+    if issubclass(cls, dict):
+        items = _from_storable(stored, memo, like)
+        if issubclass(cls, collections.defaultdict):
+            return cls(_factory(value["factory"], like), items)
+        return cls(items)
+    if issubclass(cls, (set, frozenset)):
+        return cls(_from_storable(item, memo) for item in stored)
+    if issubclass(cls, collections.deque):
+        return cls((_from_storable(item, memo, _item(like, i)) for i, item in enumerate(stored)), value["maxlen"])
+    if dataclasses.is_dataclass(cls):
+        rebuilt = object.__new__(cls)  # not __init__: a restore, not a construction (frozen and init=False fields)
+        for name, item in stored.items():
+            object.__setattr__(rebuilt, name, _from_storable(item, memo, getattr(like, name, None)))
+        return rebuilt
+    items = [_from_storable(item, memo, _item(like, i)) for i, item in enumerate(stored)]
+    build: Any = cls
+    return build(*items) if issubclass(cls, tuple) and hasattr(cls, "_fields") else build(items)
+
+
+def _factory(stored: str | None, like: Any) -> Any:
+    """A defaultdict's factory: imported by reference, else (a lambda, a local function) the fresh State's."""
+    if stored is None:
+        return None
+    own = like.default_factory if isinstance(like, collections.defaultdict) else None
+    factory = resolve(stored, own) if ":" in stored else None
+    if factory is None and own is not None and own.__qualname__ in stored:
+        factory = own
+    if not callable(factory):
+        raise ValueError(f"tp.load_state() cannot rebuild a {stored}: its factory cannot be imported and the State "
+                         "that setup() returns holds no defaultdict with it in its place")
+    return factory
+
+
+def _item(container: Any, index: Any) -> Any:
+    """The item at `index` of the fresh State's counterpart, where it has one."""
+    try:
+        return container[index]
+    except (TypeError, IndexError, KeyError):
+        return None
 
 
 def _storable_array(array: np.ndarray[Any, Any]) -> dict[str, Any]:
@@ -98,13 +184,17 @@ def _array_from_storable(value: dict[str, Any], memo: dict[int, Any]) -> np.ndar
     return array.reshape(value["shape"])
 
 
-def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
+def _from_storable(value: Any, memo: dict[int, Any] | None = None, like: Any = None) -> Any:
+    """What `_to_storable` stored, rebuilt; `like` is the fresh State's value at the same place, or None."""
     memo = {} if memo is None else memo
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, dict):
+        if "__container__" in value:
+            rebuilt = memo[id(value)] = _container_from_storable(value, memo, like)
+            return rebuilt
         if "__tuple__" in value and len(value) == 1:
-            return tuple(_from_storable(v, memo) for v in value["__tuple__"])
+            return tuple(_from_storable(v, memo, _item(like, i)) for i, v in enumerate(value["__tuple__"]))
         if value.keys() & {"__ndarray__", "__ndarray_bytes__", "__ndarray_objects__"}:
             return _array_from_storable(value, memo)
         if "__named__" in value:
@@ -116,11 +206,11 @@ def _from_storable(value: Any, memo: dict[int, Any] | None = None) -> Any:
             parameter = value["__uninitialized__"]
             return nn.parameter.UninitializedParameter() if parameter else nn.parameter.UninitializedBuffer()
         restored: dict[Any, Any] = memo.setdefault(id(value), {})
-        restored.update((k, _from_storable(v, memo)) for k, v in value.items())
+        restored.update((k, _from_storable(v, memo, _item(like, k))) for k, v in value.items())
         return restored
     if isinstance(value, list):
         items: list[Any] = memo.setdefault(id(value), [])
-        items.extend(_from_storable(v, memo) for v in value)
+        items.extend(_from_storable(v, memo, _item(like, i)) for i, v in enumerate(value))
         return items
     return value
 
@@ -161,7 +251,7 @@ def load_state(state: StateT, path: str | pathlib.Path) -> StateT:
         raise ValueError(f"the checkpoint has no component {missing[0]!r}; was it saved from this recipe?")
     for path_, saved in components.items():
         if path_ in current:
-            _restore_component(state, path_, current[path_], _from_storable(saved), names)
+            _restore_component(state, path_, current[path_], _from_storable(saved, like=current[path_]), names)
             continue
         # A module attribute set during training (model.temperature) that a fresh setup() lacks.
         *parents, attribute = path_.split(".")
@@ -180,6 +270,8 @@ def _restore_component(state: State, path: str, current: Any, saved: Any, names:
     if isinstance(target, torch.optim.Optimizer):
         _load_named_optimizer_state(target, saved, names)
     elif has_state_dict(target):
+        if isinstance(target, nn.Module):
+            _materialize_overlapping_buffers(target)
         target.load_state_dict(saved)
     elif stream_kind(target) is not None:
         set_stream_state(saved["__stream__"], target, saved["state"])
@@ -197,10 +289,34 @@ def _restore_component(state: State, path: str, current: Any, saved: Any, names:
 
 def _copyable(target: torch.Tensor, saved: torch.Tensor) -> bool:
     """Whether `saved` can be copied into `target` in place (kept, for references held elsewhere); a nested,
-    sparse or quantized tensor is replaced instead."""
+    sparse or quantized tensor, and one whose elements share memory (expanded), is replaced instead."""
     shaped = not uninitialized(target) and not uninitialized(saved)
     return (shaped and target.layout == saved.layout == torch.strided and not target.is_nested
-            and not saved.is_nested and not target.is_quantized and target.shape == saved.shape)
+            and not saved.is_nested and not target.is_quantized and target.shape == saved.shape
+            and not overlaps_itself(target))
+
+
+def overlaps_itself(tensor: torch.Tensor) -> bool:
+    """Whether two elements of a strided tensor may share memory (an expanded tensor's stride 0, an
+    `as_strided` view): torch refuses to write into one. Sufficient test: sorted by stride, each dimension
+    steps past everything the smaller ones reach."""
+    reach = 1
+    for stride, size in sorted((stride, size) for stride, size in zip(tensor.stride(), tensor.shape, strict=True)
+                               if size > 1):
+        if stride < reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def _materialize_overlapping_buffers(module: nn.Module) -> None:
+    """A module's buffers whose elements share memory (a broadcast mask registered expanded) become tensors of
+    their own, which `load_state_dict` can copy into: it writes in place, and torch refuses such a write."""
+    for sub in module.modules():
+        for name, buffer in sub.named_buffers(recurse=False):
+            if buffer is not None and buffer.layout == torch.strided and overlaps_itself(buffer):
+                sub.register_buffer(name, buffer.clone(memory_format=torch.contiguous_format),
+                                    persistent=name not in sub._non_persistent_buffers_set)
 
 
 def _resolve(state: State, names: list[str]) -> Any:
@@ -230,10 +346,16 @@ def plain_equal(a: Any, b: Any, compared: frozenset[tuple[int, int]] = frozenset
     if (id(a), id(b)) in compared:
         return True  # being compared further up: equal unless something else differs
     inside = compared | {(id(a), id(b))}
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(plain_equal(x, y, inside) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(plain_equal(a[k], b[k], inside) for k in a)
+    if is_container(a) or is_container(b):
+        if not (is_container(a) and is_container(b)) or container_kind(a) != container_kind(b):
+            return False
+        if isinstance(a, (set, frozenset)):
+            return bool(a == b)  # hashable items: no tensors
+        if isinstance(a, dict) and (not isinstance(b, dict) or a.keys() != b.keys()):
+            return False
+        items_a, items_b = container_values(a), container_values(b)
+        return len(items_a) == len(items_b) and all(plain_equal(x, y, inside) for x, y in zip(items_a, items_b,
+                                                                                              strict=True))
     return bool(a == b)
 
 

@@ -56,7 +56,7 @@ def is_wire_digest(value: object) -> bool:
 
 
 def _hash_chunk(chunk: np.ndarray[Any, np.dtype[np.uint8]]) -> bytes:
-    return hashlib.blake2b(chunk, digest_size=16).digest()
+    return hashlib.blake2b(chunk.data, digest_size=16).digest()
 
 
 def _threads() -> int:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from trainparity._state._containers import container_values, is_container
 from trainparity._state._rng import stream_kind
 
 T = TypeVar("T")
@@ -78,11 +79,11 @@ def is_leaf(value: Any) -> bool:
 def is_plain(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
     """Leaves and containers of leaves (any keys; a container may hold itself): what a plain attribute may
     hold to be state."""
-    if isinstance(value, (list, tuple, dict)):
+    if is_container(value):
         if id(value) in enclosing:
             return True  # a back-reference: the snapshot shows it as such
         inside = enclosing | {id(value)}
-        return all(is_plain(v, inside) for v in (value.values() if isinstance(value, dict) else value))
+        return all(is_plain(v, inside) for v in container_values(value))
     return is_leaf(value) and not isinstance(value, torch.Generator)
 
 

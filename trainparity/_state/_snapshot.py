@@ -6,6 +6,7 @@ by a child with `torch.save` and read by the parent with `torch.load(weights_onl
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -14,8 +15,18 @@ import numpy as np
 import torch
 
 from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Comparison, Leaf, Snapshot, compare_tensors
+from trainparity._state._containers import (
+    TYPE_COMPONENT,
+    canonical_text,
+    container_kind,
+    dataclass_fields,
+    is_container,
+    is_dataclass_instance,
+    is_namedtuple,
+    set_items,
+)
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest, is_wire_digest
-from trainparity._state._entries import State, entry_components, parameter_names
+from trainparity._state._entries import State, entry_components, is_leaf, parameter_names
 from trainparity._state._rng import capture_rng, stream_digest, stream_kind
 from trainparity._state._tensors import copied_to_cpu, leaf, readable
 
@@ -102,19 +113,22 @@ def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = 
 
 def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str],
              sharing: Sharing | None) -> None:
-    if isinstance(value, (dict, list, tuple)):
+    if is_container(value):
         if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
             out[path] = f"<the container at {enclosing[id(value)]}>"
             return
+        kind = container_kind(value)
+        if kind is not None:
+            out[f"{path}.{TYPE_COMPONENT}"] = kind
         numbers = _number_tensor(value)
         if numbers is not None:
             _flatten(path, numbers, out, digesting, enclosing, sharing)
             return
-        if not value:  # an empty container is a value too: None, {} and a missing entry differ
-            out[path] = EMPTY_DICT if isinstance(value, dict) else EMPTY_SEQUENCE
+        items = _container_items(value)
+        if not items:  # an empty container is a value too: None, {} and a missing entry differ
+            out[path] = EMPTY_DICT if isinstance(value, dict) or is_dataclass_instance(value) else EMPTY_SEQUENCE
             return
         enclosing[id(value)] = path
-        items = _keyed_items(value) if isinstance(value, dict) else [(str(i), v) for i, v in enumerate(value)]
         for key, item in items:
             _flatten(f"{path}.{key}", item, out, digesting, enclosing, sharing)
         del enclosing[id(value)]
@@ -135,13 +149,33 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
         out[path] = to_leaf(value)
 
 
-def _number_tensor(value: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> torch.Tensor | None:
-    """A non-empty list or tuple of numbers as one tensor leaf (float64 if any is a float, else int64); None
-    for other containers, and for integers beyond int64, which stay Python ints element by element."""
-    if isinstance(value, dict) or not value or not all(isinstance(v, (bool, int, float)) for v in value):
+def _container_items(value: Any) -> list[tuple[str, Any]]:
+    """A container's items by path component: keys, indices, field names; a set's items by their text."""
+    if isinstance(value, dict):
+        return _keyed_items(value)
+    if is_namedtuple(value):
+        return list(zip(type(value)._fields, value, strict=True))
+    if is_dataclass_instance(value):
+        return dataclass_fields(value)
+    if isinstance(value, (set, frozenset)):
+        return [(canonical_text(item), item if is_leaf(item) or is_dataclass_instance(item) else canonical_text(item))
+                for item in set_items(value)]
+    return [(str(i), v) for i, v in enumerate(value)]
+
+
+def _number_tensor(value: Any) -> torch.Tensor | None:
+    """A non-empty list, tuple, deque or set of numbers as one tensor leaf (float64 if any is a float, else
+    int64; a set's in order); None for other containers, and for integers beyond int64, which stay Python ints
+    element by element."""
+    if not isinstance(value, (list, tuple, collections.deque, set, frozenset)) or is_namedtuple(value):
         return None
+    if not value or not all(isinstance(v, (bool, int, float)) for v in value):
+        return None
+    if isinstance(value, (set, frozenset)):
+        value = set_items(value)
     try:
-        return torch.tensor(value, dtype=torch.float64 if any(isinstance(v, float) for v in value) else torch.int64)
+        dtype = torch.float64 if any(isinstance(v, float) for v in value) else torch.int64
+        return torch.tensor(list(value), dtype=dtype)
     except (RuntimeError, OverflowError, ValueError):  # 'Overflow when unpacking long long'
         return None
 
