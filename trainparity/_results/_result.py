@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from typing import ClassVar, NoReturn, Self
+from typing import Any, ClassVar, NoReturn, Self, cast
 
-from trainparity._results._report import brief_location, render_json, render_text
+from trainparity._results._report import (
+    Document,
+    Recorded,
+    brief_location,
+    kind_counts,
+    read_json,
+    render_json,
+    render_text,
+)
 from trainparity._results._telemetry import TrainingStep, render_table
 from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation
+
+#: check name -> its result type, for `Result.from_json` (filled as the types are defined)
+_TYPES: dict[str, type[Result]] = {}
 
 
 @dataclasses.dataclass
@@ -33,6 +43,18 @@ class Result:
     error: ChildError | None = None
     #: the live exception when the user's code ran in this process (isolation="inprocess")
     exception: BaseException | None = dataclasses.field(default=None, repr=False, compare=False)
+    #: for a result read by `from_json`: the trainparity version and environment its JSON was written with
+    recorded: Recorded | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    #: the JSON fields a result type adds to the common ones (`_json_extra`)
+    json_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "check" in cls.__dict__:  # a type that names its own check; a subclass that keeps its parent's is not one
+            if cls.check in _TYPES:
+                raise TypeError(f"{cls.__name__} and {_TYPES[cls.check].__name__} both name the check {cls.check!r}:"
+                                " Result.from_json could not tell which to read")
+            _TYPES[cls.check] = cls
 
     @classmethod
     def errored(cls, error: ChildError, config: dict[str, JsonValue], exception: BaseException | None = None) -> Self:
@@ -47,7 +69,7 @@ class Result:
     @property
     def counts(self) -> dict[str, int]:
         """How many violations of each kind were found."""
-        return dict(sorted(Counter(v.kind for v in self.violations).items()))
+        return kind_counts(self.violations)
 
     @property
     def passed(self) -> bool:
@@ -60,9 +82,52 @@ class Result:
     def to_json(self, *, include_environment: bool = False) -> str:
         """Deterministic JSON (sorted keys, schema_version, trainparity_version).
 
-        No PIDs, timings or absolute paths unless `include_environment=True`.
+        No PIDs, timings or absolute paths unless `include_environment=True`: then the environment the check ran
+        in (for a result read by `from_json`, the one its JSON recorded, or null).
         """
-        return render_json(self, include_environment=include_environment)
+        return render_json(self, include_environment=include_environment, extra=self._json_extra())
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        """The result `to_json()` wrote, read back: its `to_json()` is the text read (with `include_environment=True`
+        too, where the text has the environment), its `report()` the report of the result that wrote it.
+
+        On `tp.Result` it returns the type of the check the JSON names (a `tp.ResumeResult`, ...); on a result type
+        it refuses another check's JSON. `exception` is None (the live exception stayed in its process). Raises
+        ValueError naming what is wrong with text not written by `to_json()`, and for the schema of a newer
+        trainparity.
+        """
+        document = read_json(text)
+        kind = _TYPES.get(document.check)
+        if kind is None:
+            raise ValueError(f"not a trainparity result's JSON: unknown check {document.check!r} (this trainparity "
+                             f"knows {', '.join(sorted(_TYPES))})")
+        if not issubclass(kind, cls):
+            raise ValueError(f"the JSON is a {document.check} check's result ({kind.__name__}), not a "
+                             f"{cls.__name__}: read it with tp.Result.from_json or tp.{kind.__name__}.from_json")
+        unknown = sorted(set(document.extra) - set(kind.json_fields))
+        missing = [name for name in kind.json_fields if name not in document.extra]
+        if unknown or missing:
+            raise ValueError(f"not a trainparity result's JSON: a {kind.__name__} " + " and ".join(
+                ([f"has no field {', '.join(map(repr, unknown))}"] if unknown else [])
+                + ([f"lacks {', '.join(map(repr, missing))}"] if missing else [])))
+        return cast(Self, kind._from_document(document))
+
+    @classmethod
+    def _from_document(cls, document: Document) -> Result:
+        result = cls(document.outcome, document.violations, document.notes, document.config, document.reason,
+                     document.error, **cls._read_extra(document.extra))
+        result.recorded = document.recorded
+        return result
+
+    def _json_extra(self) -> dict[str, JsonValue]:
+        """The JSON of this result type's own fields (`json_fields`), besides the common ones."""
+        return {}
+
+    @classmethod
+    def _read_extra(cls, extra: dict[str, JsonValue]) -> dict[str, Any]:
+        """`_json_extra`'s inverse: the JSON of `json_fields` as keyword arguments of the result's constructor."""
+        return {}
 
     def __str__(self) -> str:
         return self.report()
@@ -142,6 +207,7 @@ class TrainingResult(Result):
 
     check: ClassVar[str] = "training"
     assertion: ClassVar[str] = "tp.assert_training_healthy, tp.assert_loss_decreases or tp.assert_overfits_one_batch"
+    json_fields: ClassVar[tuple[str, ...]] = ("telemetry",)
 
     telemetry: list[TrainingStep] = dataclasses.field(default_factory=list)
 
@@ -155,6 +221,12 @@ class TrainingResult(Result):
         ||parameters|| and learning rate per parameter group, skipped steps and non-finite values."""
         return render_table(self.telemetry)
 
-    def to_json(self, *, include_environment: bool = False) -> str:
-        return render_json(self, include_environment=include_environment,
-                           extra={"telemetry": [step.to_json() for step in self.telemetry]})
+    def _json_extra(self) -> dict[str, JsonValue]:
+        return {"telemetry": [step.to_json() for step in self.telemetry]}
+
+    @classmethod
+    def _read_extra(cls, extra: dict[str, JsonValue]) -> dict[str, Any]:
+        steps = extra["telemetry"]
+        if not isinstance(steps, list):
+            raise ValueError(f"not a trainparity result's JSON: 'telemetry' must be a list, got {steps!r}")
+        return {"telemetry": [TrainingStep.from_json(step, f"telemetry[{i}]") for i, step in enumerate(steps)]}

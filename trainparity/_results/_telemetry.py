@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from trainparity._results._report import ascii_text
-from trainparity._results._violation import JsonValue, json_safe
+from trainparity._results._violation import JsonValue, json_float, json_safe
 
 
 @dataclasses.dataclass
@@ -67,6 +67,21 @@ class TrainingStep:
     def to_json(self) -> JsonValue:
         """JSON-safe: infinities and NaN as strings."""
         return json_safe(self.to_wire())
+
+    @classmethod
+    def from_json(cls, value: JsonValue, where: str = "telemetry step") -> TrainingStep:
+        """`to_json()`'s inverse: `from_wire`, with the strings `json_safe` wrote for infinities and NaN read back
+        as floats in the fields that hold floats; ValueError naming what is missing or unknown."""
+        step: Any = value
+        try:
+            updates = [{**update, **{name: json_float(update[name]) for name in ("scale", "grad_norm", "clip_norm")},
+                        "lr": [json_float(v) for v in update["lr"]],
+                        "update_ratio": [json_float(v) for v in update["update_ratio"]]}
+                       for update in step["updates"]]
+            return cls.from_wire({**step, "loss": json_float(step["loss"]), "updates": updates})
+        except (KeyError, TypeError, ValueError) as error:  # a field missing, unknown (Update(**...)), or mistyped
+            problem = f"lacks {error}" if isinstance(error, KeyError) else str(error)
+            raise ValueError(f"not a trainparity result's JSON: {where} {problem}") from error
 
 
 def number(value: float | None) -> str:

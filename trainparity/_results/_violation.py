@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, TypeAlias
+from collections.abc import Mapping
+from typing import Any, TypeAlias, TypeVar
 
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -53,6 +54,11 @@ class Violation:
         # vars() rather than dataclasses.fields(): a failing coverage audit may hold millions.
         return dict(vars(self))
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> Violation:
+        """The inverse of `to_dict()`: a violation as a result's JSON holds it (ValueError for what is not one)."""
+        return read_record(cls, data, "violation")
+
 
 def json_safe(value: Any) -> JsonValue:
     """Coerce a small value into JSON: numbers, strings, lists and string-keyed dicts."""
@@ -71,6 +77,40 @@ def json_safe(value: Any) -> JsonValue:
     if callable(tolist):
         return json_safe(tolist())
     return repr(value)
+
+
+def json_float(value: JsonValue) -> JsonValue:
+    """`json_safe`'s inverse for a float: the strings it writes for infinities and NaN are floats again."""
+    return float(value) if isinstance(value, str) and value in ("inf", "-inf", "nan") else value
+
+
+#: the JSON types a record's field may hold, by its annotation (fields holding any JSON value are not listed)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,), "str | None": (str, type(None)), "int | None": (int, type(None)),
+    "int | str | None": (int, str, type(None)),
+}
+_Record = TypeVar("_Record", "Violation", "ChildError")
+
+
+def read_record(cls: type[_Record], data: object, where: str) -> _Record:
+    """A `Violation` or `ChildError` from its `to_dict()`, refusing with a ValueError (that names it by `where`) what
+    it could not have written: a field missing (those with a default may be left out) or unknown, or mistyped."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING]
+    unknown = sorted(set(data) - {f.name for f in fields})
+    if missing or unknown:
+        problems = ([f"lacks {', '.join(map(repr, missing))}"] if missing else []) + (
+            [f"has unknown fields {', '.join(map(repr, unknown))}"] if unknown else [])
+        raise ValueError(f"{where} ({cls.__name__}) {' and '.join(problems)}")
+    for f in fields:
+        allowed = _FIELD_TYPES.get(str(f.type))
+        value = data.get(f.name)
+        # bool is an int to isinstance, and never one of these fields' values
+        if allowed is not None and f.name in data and (not isinstance(value, allowed) or isinstance(value, bool)):
+            raise ValueError(f"{where} ({cls.__name__}): {f.name} must be {f.type}, got {value!r}")
+    return cls(**data)
 
 
 def format_number(value: bool | int | float) -> str:
@@ -110,6 +150,11 @@ class ChildError:
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, JsonValue]) -> ChildError:
+        """The inverse of `to_dict()`: the error as a result's JSON holds it (ValueError for what is not one)."""
+        return read_record(cls, data, "error")
 
     def headline(self) -> str:
         if self.kind == "raised":
