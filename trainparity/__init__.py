@@ -66,6 +66,7 @@ from trainparity._state._checkpoint import load_state, save_state
 from trainparity._state._compare import ExactComparison, ToleranceComparison
 from trainparity._state._entries import State
 from trainparity._testing import TestCase, TrainParityMixin
+from trainparity._validation import InvalidArgument
 from trainparity._version import __version__
 from trainparity._workers import check_worker_randomness
 
@@ -81,6 +82,7 @@ __all__ = [
     "ExactlyOnce",
     "ExpectedPadding",
     "FrozenResult",
+    "InvalidArgument",
     "LossAccounting",
     "MixedPrecisionResult",
     "NoCrossRankOverlap",

@@ -14,6 +14,7 @@ import os
 import pathlib
 import platform
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -33,10 +34,12 @@ from trainparity._results._result import (
 )
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
+from trainparity._validation import InvalidArgument
 from trainparity._version import __version__
 
 EXIT_CODES = {Outcome.PASS: 0, Outcome.FAIL: 1, Outcome.ABSTAIN: 2, Outcome.ERROR: 3}
 USAGE_ERROR = 4
+INTERNAL_ERROR = 5
 EXIT_STATUS_HELP = """\
 exit status:
   0  PASS
@@ -44,6 +47,7 @@ exit status:
   2  ABSTAIN: the evidence is missing or ambiguous (e.g. the baseline is not reproducible)
   3  ERROR: the user's code raised (importing the recipe included), hung past --timeout, or its process died
   4  usage error, or a spec or --json path that cannot be used (one line on stderr, no traceback)
+  5  a bug in trainparity itself: its traceback on stderr (please report it)
 """
 RECIPE_HELP = ("the recipe: package.module:ClassName or path/to/file.py:ClassName, optionally with literal "
                "constructor arguments, e.g. 'module:Regression(forget_scheduler=True)'")
@@ -473,9 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json is not None:
             _require_writable(args.json)
         result = run(args)
-    except (UsageError, TypeError, ValueError) as error:
+    except (UsageError, SpecError, InvalidArgument) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return USAGE_ERROR
+    except Exception:  # noqa: BLE001 - not the user's misuse: a bug of ours, which must not look like a typo
+        traceback.print_exc()
+        print(f"{prog}: internal error: this is a bug in trainparity {__version__}, not in your command line or "
+              "recipe; please report it with the traceback above", file=sys.stderr)
+        return INTERNAL_ERROR
     print(result.report())
     if isinstance(result, TrainingResult) and result.telemetry:
         print(f"\n{result.table()}")

@@ -34,6 +34,7 @@ from trainparity._coverage import (
     tag_workers,
 )
 from trainparity._recipe._recipe import set_sampler_epoch
+from trainparity._validation import InvalidArgument
 
 __all__ = [
     "ORDER_MIN_SAMPLES",
@@ -72,7 +73,7 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.world_size % self.nodes:
-            raise ValueError(f"SamplerConfig(nodes={self.nodes}) must divide world_size={self.world_size}")
+            raise InvalidArgument(f"SamplerConfig(nodes={self.nodes}) must divide world_size={self.world_size}")
 
     @property
     def ranks_per_node(self) -> int:
@@ -130,13 +131,15 @@ def sampler_configs(
     shuffle, seed 0, the fewest epochs, no workers and one node.
     """
     if not 0 <= min_dataset_size <= max_dataset_size:
-        raise ValueError(f"sampler_configs() needs 0 <= min_dataset_size <= max_dataset_size, got {min_dataset_size}"
-                         f" and {max_dataset_size}")
+        raise InvalidArgument(f"sampler_configs() needs 0 <= min_dataset_size <= max_dataset_size, got "
+                              f"{min_dataset_size}"
+                              f" and {max_dataset_size}")
     if not 1 <= min_epochs <= max_epochs:
-        raise ValueError(f"sampler_configs() needs 1 <= min_epochs <= max_epochs, got {min_epochs} and {max_epochs}")
+        raise InvalidArgument(f"sampler_configs() needs 1 <= min_epochs <= max_epochs, got {min_epochs} and "
+                              f"{max_epochs}")
     if max_world_size < 1 or max_workers < 0:
-        raise ValueError(f"sampler_configs() needs max_world_size >= 1 and max_workers >= 0, got {max_world_size} "
-                         f"and {max_workers}")
+        raise InvalidArgument(f"sampler_configs() needs max_world_size >= 1 and max_workers >= 0, got {max_world_size} "
+                              f"and {max_workers}")
     dataset_size = draw(st.integers(min_dataset_size, max_dataset_size), label="dataset_size")
     world_size = draw(st.integers(1, max_world_size), label="world_size")
     return SamplerConfig(

@@ -40,6 +40,7 @@ from trainparity._state._precision import (
     effective_comparison,
 )
 from trainparity._state._rng import validate_seed
+from trainparity._validation import InvalidArgument, check_int
 
 __all__ = ["check_accumulation"]
 
@@ -54,9 +55,10 @@ def _require_accumulation_parameter(recipe: object, ref: RecipeRef) -> None:
         parameters = inspect.signature(init).parameters.values()
         if any(p.name == "accumulation_steps" or p.kind is p.VAR_KEYWORD for p in parameters):
             return
-    raise TypeError(
-        f"{ref.name} takes no accumulation_steps parameter: give its __init__ `accumulation_steps: int = 1` "
-        "and make step() step the optimizer once every accumulation_steps calls"
+    raise InvalidArgument(
+                          f"{ref.name} takes no accumulation_steps parameter: give its __init__ `accumulation_steps: "
+                          f"int = 1` "
+                          "and make step() step the optimizer once every accumulation_steps calls"
     )
 
 
@@ -75,20 +77,20 @@ def _split_reference(split: object) -> str | None:
 
 def _validate(cycles: object, seed: object, split: object, isolation: str, disable_dropout: object,
               batch_dependent: object) -> int:
-    if isinstance(cycles, bool) or not isinstance(cycles, int) or cycles < 1:
-        raise ValueError(f"cycles= must be an int >= 1 (windows of k micro-batches compared), got {cycles!r}")
+    cycles = check_int("cycles", cycles, 1, "windows of k micro-batches compared")
     validate_seed(seed)
     if split is not None and not callable(split):
-        raise TypeError(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
+        raise InvalidArgument(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
     if split is not None and isolation != "inprocess" and _split_reference(split) is None:
-        raise TypeError(
-            f"split= must be a function defined at module level in an importable module to reach a fresh process "
-            f"(isolation={isolation!r}), got {split!r}"
+        raise InvalidArgument(
+                              f"split= must be a function defined at module level in an importable module to reach a "
+                              f"fresh process "
+                              f"(isolation={isolation!r}), got {split!r}"
         )
     if not isinstance(disable_dropout, bool):
-        raise TypeError(f"disable_dropout= must be True or False, got {disable_dropout!r}")
+        raise InvalidArgument(f"disable_dropout= must be True or False, got {disable_dropout!r}")
     if batch_dependent not in BATCH_DEPENDENT_MODES:
-        raise ValueError(f"batch_dependent= must be 'fail' or 'eval', got {batch_dependent!r}")
+        raise InvalidArgument(f"batch_dependent= must be 'fail' or 'eval', got {batch_dependent!r}")
     return cycles
 
 

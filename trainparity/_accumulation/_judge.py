@@ -39,6 +39,7 @@ from trainparity._state._compare import (
     compare_leaves,
     compare_snapshots,
 )
+from trainparity._validation import InvalidArgument
 
 #: causes that explain the gradients (or the losses) of a window: at one step only one of them is claimed
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",
@@ -92,7 +93,7 @@ def judge_accumulation(
             f"at {mismatch.path}: the two runs do not start from the same state"))
     for trace in (reference, candidate):
         if trace.input_error is not None:
-            raise ValueError(trace.input_error)
+            raise InvalidArgument(trace.input_error)
     notes = [_dropout_note(reference, config)]
     batch_dependent = sorted(set(reference.batch_dependent) | set(candidate.batch_dependent))
     if not reference.optimizers and not any(w.parameters for w in reference.windows):

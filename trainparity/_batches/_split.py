@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainparity._validation import InvalidArgument
+
 Microbatches = int | Sequence[int]
 _SCALARS = (bool, int, float, complex, str, bytes)
 
@@ -179,25 +181,26 @@ def _suggest(total: int, k: int) -> tuple[int, ...]:
 def validate_microbatches(microbatches: object) -> Microbatches:
     """An int k >= 2, or a sequence of at least two positive sizes (returned as a tuple)."""
     if isinstance(microbatches, bool):
-        raise TypeError("microbatches= must be an int or a sequence of micro-batch sizes, got a bool")
+        raise InvalidArgument("microbatches= must be an int or a sequence of micro-batch sizes, got a bool")
     if isinstance(microbatches, int):
         if microbatches < 2:
-            raise ValueError(
-                f"microbatches= must be at least 2, got {microbatches}: with one micro-batch the candidate "
-                "is the reference itself"
+            raise InvalidArgument(
+                                  f"microbatches= must be at least 2, got {microbatches}: with one micro-batch the "
+                                  f"candidate "
+                                  "is the reference itself"
             )
         return microbatches
     if isinstance(microbatches, (str, bytes)) or not isinstance(microbatches, Sequence):
-        raise TypeError(
-            "microbatches= must be an int (equal split) or a sequence of sizes such as (3, 3, 2), "
-            f"got {type(microbatches).__name__}"
+        raise InvalidArgument(
+                              "microbatches= must be an int (equal split) or a sequence of sizes such as (3, 3, 2), "
+                              f"got {type(microbatches).__name__}"
         )
     sizes = tuple(microbatches)
     if len(sizes) < 2:
-        raise ValueError(f"microbatches= must declare at least 2 micro-batch sizes, got {sizes}")
+        raise InvalidArgument(f"microbatches= must declare at least 2 micro-batch sizes, got {sizes}")
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"micro-batch sizes must be ints >= 1, got {sizes}")
+            raise InvalidArgument(f"micro-batch sizes must be ints >= 1, got {sizes}")
     return sizes
 
 

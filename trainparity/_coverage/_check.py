@@ -51,6 +51,7 @@ from trainparity._process._alarm import interrupted_at
 from trainparity._process._options import Deadline
 from trainparity._results._result import CoverageResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
+from trainparity._validation import InvalidArgument
 
 #: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
 DEFAULT_MAX_VIOLATIONS = 1_000_000
@@ -87,12 +88,12 @@ def check_coverage(
     deadline = None if timeout is None else Deadline.after(timeout)
     policies = resolve_policies(policy)
     if sample_ids is not None and not callable(sample_ids):
-        raise TypeError(f"sample_ids= must be a function batch -> IDs, got {type(sample_ids).__name__}")
+        raise InvalidArgument(f"sample_ids= must be a function batch -> IDs, got {type(sample_ids).__name__}")
     if max_violations is not None and (isinstance(max_violations, bool) or not isinstance(max_violations, int)
                                        or max_violations < 1):
-        raise ValueError(f"max_violations= must be an int >= 1 or None, got {max_violations!r}")
+        raise InvalidArgument(f"max_violations= must be an int >= 1 or None, got {max_violations!r}")
     if isinstance(ranks, CoverageRecorder) and sample_ids is not None:
-        raise ValueError("a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
+        raise InvalidArgument("a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
     windows = _windows(ranks)
     epochs = list(dict.fromkeys(label for label, _ in windows))
     config: dict[str, Any] = {
@@ -144,30 +145,35 @@ def _windows(ranks: object) -> list[Window]:
     if isinstance(ranks, Mapping):
         windows: list[Window] = [(0, ranks)]
     elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
-        raise TypeError("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one per "
-                        "epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a tp.CoverageRecorder, "
-                        f"got {type(ranks).__name__}")
+        raise InvalidArgument("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one "
+                              "per "
+                              "epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a "
+                              "tp.CoverageRecorder, "
+                              f"got {type(ranks).__name__}")
     else:
         items = list(ranks)
         if not items:
-            raise ValueError("ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
+            raise InvalidArgument("ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
         if any(_is_window(item) for item in items):
             windows = []
             for index, item in enumerate(items):
                 if not _is_window(item):
-                    raise TypeError(f"ranks= item {index} is a {type(item).__name__}, but item "
-                                    f"{[_is_window(i) for i in items].index(True)} is an (epoch, {{rank: iterable}}) "
-                                    "window: pass only windows, or only mappings (one per epoch)")
+                    raise InvalidArgument(f"ranks= item {index} is a {type(item).__name__}, but item "
+                                          f"{[_is_window(i) for i in items].index(True)} is an (epoch, {{rank: "
+                                          f"iterable}}) "
+                                          "window: pass only windows, or only mappings (one per epoch)")
                 epoch, mapping = item
                 if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-                    raise TypeError(f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) with an "
-                                    f"epoch int >= 0, got the epoch {epoch!r}")
+                    raise InvalidArgument(f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) with "
+                                          f"an "
+                                          f"epoch int >= 0, got the epoch {epoch!r}")
                 windows.append((int(epoch), mapping))
             done = set()
             for index, (epoch, _) in enumerate(windows):
                 if epoch in done and epoch != windows[index - 1][0]:
-                    raise ValueError(f"ranks= window {index} is of epoch {epoch}, but the window before it is of epoch "
-                                     f"{windows[index - 1][0]}: list the windows of one epoch one after the other")
+                    raise InvalidArgument(f"ranks= window {index} is of epoch {epoch}, but the window before it is of "
+                                          f"epoch "
+                                          f"{windows[index - 1][0]}: list the windows of one epoch one after the other")
                 done.add(epoch)
         else:
             windows = list(enumerate(items))
@@ -175,16 +181,16 @@ def _windows(ranks: object) -> list[Window]:
     for index, (label, mapping) in enumerate(windows):
         where = f"window {index} (epoch {label})" if several else f"epoch {label}"
         if not isinstance(mapping, Mapping):
-            raise TypeError(f"ranks= {where} must be a mapping {{rank: iterable of batches}}, "
-                            f"got {type(mapping).__name__}")
+            raise InvalidArgument(f"ranks= {where} must be a mapping {{rank: iterable of batches}}, "
+                                  f"got {type(mapping).__name__}")
         if not mapping:
-            raise ValueError(f"ranks= {where} maps no rank: pass {{rank: iterable of batches}}")
+            raise InvalidArgument(f"ranks= {where} maps no rank: pass {{rank: iterable of batches}}")
         for rank, iterable in mapping.items():
             if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) or rank < 0:
-                raise TypeError(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in {where}")
+                raise InvalidArgument(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in {where}")
             if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
-                raise TypeError(f"ranks[{rank}] ({where}) must be an iterable of batches (a DataLoader, "
-                                f"sampler, batch sampler or list), got {type(iterable).__name__}")
+                raise InvalidArgument(f"ranks[{rank}] ({where}) must be an iterable of batches (a DataLoader, "
+                                      f"sampler, batch sampler or list), got {type(iterable).__name__}")
     return windows
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from trainparity._coverage._universe import Universe, UniverseLike, describe_universe
+from trainparity._validation import InvalidArgument
 
 
 class CoveragePolicy:
@@ -65,7 +66,7 @@ class ExpectedPadding(_UniversePolicy):
     def __init__(self, universe: UniverseLike, *, padding: int) -> None:
         super().__init__(universe)
         if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-            raise ValueError(f"ExpectedPadding(padding=...) must be an int >= 0, got {padding!r}")
+            raise InvalidArgument(f"ExpectedPadding(padding=...) must be an int >= 0, got {padding!r}")
         self.padding = int(padding)
 
     def describe(self) -> str:
@@ -91,11 +92,12 @@ def _validated_universe(universe: object, policy: str) -> UniverseLike:
     if universe is None or isinstance(universe, (range, np.ndarray, torch.Tensor)):
         return universe
     if isinstance(universe, bool) or isinstance(universe, (int, np.integer)):
-        raise TypeError(f"{policy}(universe) takes a collection of IDs, got the int {universe!r}: "
-                        f"pass range({universe}) for the IDs 0..{int(universe) - 1}")
+        raise InvalidArgument(f"{policy}(universe) takes a collection of IDs, got the int {universe!r}: "
+                              f"pass range({universe}) for the IDs 0..{int(universe) - 1}")
     if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
-        raise TypeError(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or None, "
-                        f"got {type(universe).__name__}")
+        raise InvalidArgument(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or "
+                              f"None, "
+                              f"got {type(universe).__name__}")
     # A one-shot iterator's IDs are kept for reuse; a mapping's IDs are its keys.
     if iter(universe) is universe or not isinstance(universe, Sized) or isinstance(universe, Mapping):
         return list(universe)
@@ -107,16 +109,18 @@ def resolve_policies(policy: object) -> list[CoveragePolicy]:
     items = list(policy) if isinstance(policy, (list, tuple)) else [policy]
     policies: list[CoveragePolicy] = []
     if not items:
-        raise ValueError("policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
+        raise InvalidArgument("policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
     for item in items:
         if isinstance(item, type) and issubclass(item, CoveragePolicy):
-            raise TypeError(f"policy= got the class {item.__name__}; pass an instance, e.g. tp.{item.__name__}"
-                            f"({'' if not item.needs_universe else 'range(n)'})")
+            raise InvalidArgument(f"policy= got the class {item.__name__}; pass an instance, e.g. tp.{item.__name__}"
+                                  f"({'' if not item.needs_universe else 'range(n)'})")
         if not isinstance(item, CoveragePolicy):
-            raise TypeError(
-                "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), "
-                f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of them, "
-                f"got {type(item).__name__}"
+            raise InvalidArgument(
+                                  "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), "
+                                  "tp.NoCrossRankOverlap(), "
+                                  f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of "
+                                  f"them, "
+                                  f"got {type(item).__name__}"
             )
         policies.append(item)
     return policies
@@ -130,7 +134,7 @@ def shared_universe(policies: Sequence[CoveragePolicy]) -> Universe | None:
             continue
         universe = Universe.build(policy.universe)
         if found is not None and not found.same_as(universe):
-            raise ValueError(f"the policies declare different universes ({found.description} and "
-                             f"{universe.description}); run one check per universe")
+            raise InvalidArgument(f"the policies declare different universes ({found.description} and "
+                                  f"{universe.description}); run one check per universe")
         found = found or universe
     return found

@@ -18,6 +18,7 @@ import torch
 import torch.utils.data
 
 from trainparity._batches._sample_ids import IdArray, batch_id_array
+from trainparity._validation import InvalidArgument
 
 
 class WorkerBatch(NamedTuple):
@@ -38,7 +39,7 @@ def tag_workers(collate_fn: Callable[[Any], Any] | None = None) -> Callable[[Any
     works with every worker start method.
     """
     if collate_fn is not None and not callable(collate_fn):
-        raise TypeError(f"tag_workers(collate_fn) takes a collate function, got {type(collate_fn).__name__}")
+        raise InvalidArgument(f"tag_workers(collate_fn) takes a collate function, got {type(collate_fn).__name__}")
     return functools.partial(_collate_tagged, collate_fn or torch.utils.data.default_collate)
 
 
@@ -100,9 +101,9 @@ class CoverageRecorder:
             distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
             rank = torch.distributed.get_rank() if distributed else 0
         if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
-            raise ValueError(f"CoverageRecorder(rank=...) must be an int >= 0, got {rank!r}")
+            raise InvalidArgument(f"CoverageRecorder(rank=...) must be an int >= 0, got {rank!r}")
         if sample_ids is not None and not callable(sample_ids):
-            raise TypeError(f"CoverageRecorder(sample_ids=...) must be callable, got {type(sample_ids).__name__}")
+            raise InvalidArgument(f"CoverageRecorder(sample_ids=...) must be callable, got {type(sample_ids).__name__}")
         self._rank: int | None = int(rank)
         self._sample_ids = sample_ids
         self._epoch = 0
@@ -128,13 +129,13 @@ class CoverageRecorder:
     def set_epoch(self, epoch: int) -> None:
         """Record the following batches as epoch `epoch` (call it where you call `sampler.set_epoch`)."""
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"CoverageRecorder.set_epoch(epoch) takes an int >= 0, got {epoch!r}")
+            raise InvalidArgument(f"CoverageRecorder.set_epoch(epoch) takes an int >= 0, got {epoch!r}")
         self._epoch = int(epoch)
 
     def record(self, batch: Any, *, worker: int | None = None) -> None:
         """Record one batch's IDs for the current epoch. A `WorkerBatch` gives its worker and is unwrapped."""
         if self._rank is None:
-            raise ValueError("this record merges several ranks; record() on each rank's own CoverageRecorder")
+            raise InvalidArgument("this record merges several ranks; record() on each rank's own CoverageRecorder")
         if isinstance(batch, WorkerBatch):
             batch, worker = batch.batch, batch.worker if worker is None else worker
         ids = self._sample_ids(batch) if self._sample_ids is not None else batch
@@ -164,17 +165,18 @@ class CoverageRecorder:
         seen: list[CoverageRecorder] = []
         for record in records:
             if not isinstance(record, CoverageRecorder):
-                raise TypeError(f"CoverageRecorder.merge() takes CoverageRecorder records, got {type(record).__name__}")
+                raise InvalidArgument(f"CoverageRecorder.merge() takes CoverageRecorder records, got "
+                                      f"{type(record).__name__}")
             if any(record is earlier for earlier in seen):
-                raise ValueError(f"CoverageRecorder.merge() got the same record twice ({record!r}); merge each "
-                                 "record once")
+                raise InvalidArgument(f"CoverageRecorder.merge() got the same record twice ({record!r}); merge each "
+                                      "record once")
             seen.append(record)
             for rank, streams in record._streams.items():
                 into = merged._streams.setdefault(rank, {})
                 for epoch, stream in streams.items():
                     into[epoch] = into[epoch].joined(stream) if epoch in into else stream
         if not merged._streams:
-            raise ValueError("CoverageRecorder.merge() got no records")
+            raise InvalidArgument("CoverageRecorder.merge() got no records")
         return merged
 
     def gather(self, group: Any = None) -> CoverageRecorder:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from trainparity._batches._sample_ids import IdArray, sample_id_array
+from trainparity._validation import InvalidArgument
 
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table
@@ -59,9 +60,9 @@ class Universe:
             size = _range_size(universe)
             ends = (universe[0], universe[-1]) if size else (0, 0)
             if not _INT64.min <= min(ends) <= max(ends) <= _INT64.max:
-                raise ValueError(f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
+                raise InvalidArgument(f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
             if size > MAX_SIZE:
-                raise ValueError(f"the universe {universe} holds {size} IDs; a universe holds at most 2**62 IDs")
+                raise InvalidArgument(f"the universe {universe} holds {size} IDs; a universe holds at most 2**62 IDs")
             return cls("int", size, description, progression=universe)
         if isinstance(universe, (set, frozenset)):
             universe = sorted(universe)
@@ -194,5 +195,5 @@ def _progression_offsets(ids: IdArray, progression: range, *, out: IdArray) -> I
 
 def _raise_duplicate(values: IdArray) -> None:
     unique, counts = np.unique(values, return_counts=True)
-    raise ValueError(f"the universe lists ID {unique[counts > 1][0].item()!r} more than once; "
-                     "a universe is a set of distinct IDs")
+    raise InvalidArgument(f"the universe lists ID {unique[counts > 1][0].item()!r} more than once; "
+                          "a universe is a set of distinct IDs")

@@ -45,15 +45,14 @@ from trainparity._state._precision import (
     effective_comparison,
 )
 from trainparity._state._rng import validate_seed
+from trainparity._validation import check_int
 
 TASK = "trainparity._parallel._rank:run_rank"
 
 
 def _validate(world_size: object, backend: object, steps: object, seed: object) -> tuple[int, str, int, int]:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
-        raise ValueError(f"world_size= must be an int >= 2 (the reference is the world of size 1), got {world_size!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps= must be an int >= 1, got {steps!r}")
+    world_size = check_int("world_size", world_size, 2, "the reference is the world of size 1")
+    steps = check_int("steps", steps, 1, "optimizer steps")
     return world_size, validate_backend(backend, world_size), steps, validate_seed(seed)
 
 

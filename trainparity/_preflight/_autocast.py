@@ -26,6 +26,7 @@ import torch
 
 from trainparity._observe._autocast import AutocastUse, Bypass, RegionUse, low_precision
 from trainparity._results._violation import Violation, format_number
+from trainparity._validation import InvalidArgument
 
 #: what the reports call the ops the watch records (torch's FLOP table)
 WATCHED_OPS = "matmul, convolution or attention"
@@ -37,8 +38,9 @@ def declared_dtype(recipe_type: type) -> torch.dtype | None:
     if declared is None:
         return None
     if not isinstance(declared, torch.dtype) or not declared.is_floating_point or declared.itemsize >= 4:
-        raise TypeError(f"{recipe_type.__name__}.autocast_dtype must be None or the low dtype autocast should run "
-                        f"matmuls in (torch.bfloat16 or torch.float16), got {declared!r}")
+        raise InvalidArgument(f"{recipe_type.__name__}.autocast_dtype must be None or the low dtype autocast should "
+                              f"run "
+                              f"matmuls in (torch.bfloat16 or torch.float16), got {declared!r}")
     return declared
 
 
@@ -59,12 +61,13 @@ class AutocastRules:
         elif isinstance(allow_float32, Sequence) and all(isinstance(g, str) and g for g in allow_float32):
             globs = tuple(allow_float32)
         else:
-            raise TypeError("allow_float32= must be None or module-name globs (strings) whose float32 ops inside "
-                            f"autocast are deliberate, e.g. ('attn*',), got {allow_float32!r}")
+            raise InvalidArgument("allow_float32= must be None or module-name globs (strings) whose float32 ops inside "
+                                  f"autocast are deliberate, e.g. ('attn*',), got {allow_float32!r}")
         if isinstance(max_float32_share, bool) or not isinstance(max_float32_share, (int, float)) \
                 or not 0.0 <= max_float32_share <= 1.0:
-            raise ValueError("max_float32_share= must be a number in [0, 1] (the share of the FLOPs inside autocast "
-                             f"regions that may run in float32), got {max_float32_share!r}")
+            raise InvalidArgument("max_float32_share= must be a number in [0, 1] (the share of the FLOPs inside "
+                                  "autocast "
+                                  f"regions that may run in float32), got {max_float32_share!r}")
         return cls(None if declared is None else str(declared), globs, float(max_float32_share))
 
     def config(self) -> dict[str, Any]:

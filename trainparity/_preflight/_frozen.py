@@ -36,6 +36,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import FrozenResult
 from trainparity._results._violation import Outcome
 from trainparity._state._entries import State, buffer_names, module_names, module_prefixes, state_parameters
+from trainparity._validation import InvalidArgument
 
 __all__ = ["check_frozen"]
 
@@ -187,5 +188,5 @@ def check_frozen(
         return FrozenResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: FrozenTrace = outcome.output
     if trace.misuse is not None:
-        raise ValueError(trace.misuse)
+        raise InvalidArgument(trace.misuse)
     return judge_frozen(trace, preflight.config)

@@ -27,6 +27,7 @@ from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._violation import JsonValue, Violation
 from trainparity._state._rng import seed_everything, validate_seed
+from trainparity._validation import InvalidArgument, check_int
 
 T = TypeVar("T")
 
@@ -55,8 +56,7 @@ class Preflight:
                 timeout: object) -> Preflight:
         """Validate the arguments (misuse raises TypeError/ValueError naming the fix) before anything runs."""
         ref = resolve_recipe(recipe)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < minimum_steps:
-            raise ValueError(f"steps= must be an int >= {minimum_steps} (calls of step() observed), got {steps!r}")
+        steps = check_int("steps", steps, minimum_steps, "calls of step() observed")
         seed = validate_seed(seed)
         chosen = _session.isolation(isolation, "inprocess")
         config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
@@ -157,10 +157,11 @@ def validate_globs(value: object, argument: str, example: str) -> tuple[str, ...
         return None
     globs = (value,) if isinstance(value, str) else value
     if not isinstance(globs, (list, tuple)) or not all(isinstance(glob, str) for glob in globs):
-        raise TypeError(f"{argument}= must be a glob or a list of globs (strings such as {example!r}), "
-                        f"got {type(value).__name__}" + (f" {value!r}" if isinstance(value, (list, tuple)) else ""))
+        raise InvalidArgument(f"{argument}= must be a glob or a list of globs (strings such as {example!r}), "
+                              f"got {type(value).__name__}"
+                              + (f" {value!r}" if isinstance(value, (list, tuple)) else ""))
     if not globs or not all(globs):
-        raise ValueError(f"{argument}= must hold at least one non-empty glob such as {example!r}, got {value!r}")
+        raise InvalidArgument(f"{argument}= must hold at least one non-empty glob such as {example!r}, got {value!r}")
     return tuple(globs)
 
 

@@ -38,6 +38,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainModeResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._state._entries import module_prefixes
+from trainparity._validation import InvalidArgument
 
 __all__ = ["check_train_mode"]
 
@@ -266,5 +267,5 @@ def check_train_mode(
         return TrainModeResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainModeTrace = outcome.output
     if trace.misuse is not None:
-        raise ValueError(trace.misuse)
+        raise InvalidArgument(trace.misuse)
     return judge_train_mode(trace, preflight.config, globs)

@@ -20,6 +20,7 @@ from trainparity._preflight._run import finite_number, once_per_path, steps_text
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update, number, scale_text
 from trainparity._results._violation import JsonValue, Outcome, Violation, json_safe
+from trainparity._validation import InvalidArgument
 
 #: (low, high) bounds of ||update|| / ||parameters||; None leaves a side open
 Band: TypeAlias = tuple[float | None, float | None]
@@ -61,7 +62,7 @@ class TrainingTrace:
 
 def _number(value: object, argument: str, example: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise TypeError(f"{argument}= must be a finite number such as {example}, got {value!r}")
+        raise InvalidArgument(f"{argument}= must be a finite number such as {example}, got {value!r}")
     return float(value)
 
 
@@ -71,13 +72,13 @@ def _band(value: object) -> Band | None:
     if value is True:
         return DEFAULT_BAND
     if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise TypeError(f"update_ratio= must be (low, high), True for the default band {DEFAULT_BAND}, or None, "
-                        f"got {value!r}")
+        raise InvalidArgument(f"update_ratio= must be (low, high), True for the default band {DEFAULT_BAND}, or None, "
+                              f"got {value!r}")
     low, high = (None if side is None else _number(side, "update_ratio", "(1e-4, 1e-2)") for side in value)
     if (low is None and high is None) or any(side is not None and side < 0 for side in (low, high)) or (
             low is not None and high is not None and low >= high):
-        raise ValueError(f"update_ratio= must be (low, high) with 0 <= low < high (None leaves a side open), "
-                         f"got {value!r}")
+        raise InvalidArgument(f"update_ratio= must be (low, high) with 0 <= low < high (None leaves a side open), "
+                              f"got {value!r}")
     return low, high
 
 
@@ -86,8 +87,9 @@ def _called(schedule: Callable[[int], object], index: int, where: str) -> object
     try:
         return schedule(index)
     except Exception as error:  # noqa: BLE001 - any exception of the user's function, named
-        raise ValueError(f"{where} raised {type(error).__name__}: {error}; lr_schedule= must give the learning rate "
-                         f"of every optimizer step the check observes (from 0)") from error
+        raise InvalidArgument(f"{where} raised {type(error).__name__}: {error}; lr_schedule= must give the learning "
+                              f"rate "
+                              f"of every optimizer step the check observes (from 0)") from error
 
 
 def _rates(value: object, where: str) -> list[float] | float:
@@ -99,8 +101,8 @@ def _rates(value: object, where: str) -> list[float] | float:
 
 def _rate(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
-        raise TypeError(f"{where} must be a learning rate (a float >= 0) or a list of one per parameter group, "
-                        f"got {value!r}")
+        raise InvalidArgument(f"{where} must be a learning rate (a float >= 0) or a list of one per parameter group, "
+                              f"got {value!r}")
     return float(value)
 
 
@@ -111,9 +113,11 @@ def _schedule(value: object, argument: str) -> Schedule:
         for index, rate in enumerate(value):
             _rates(rate, f"{argument}[{index}]")
         return value
-    raise TypeError(f"{argument} must be a function of the optimizer step's index (from 0) returning its learning "
-                    f"rate, a non-empty list of learning rates, or a mapping from optimizer entries to either, got "
-                    f"{value!r}")
+    raise InvalidArgument(f"{argument} must be a function of the optimizer step's index (from 0) returning its "
+                          f"learning "
+                          f"rate, a non-empty list of learning rates, or a mapping from optimizer entries to either, "
+                          f"got "
+                          f"{value!r}")
 
 
 def _described(schedule: Schedule) -> JsonValue:
@@ -141,39 +145,42 @@ class Verdicts:
         """Misuse raises TypeError/ValueError naming the fix, before anything runs."""
         decrease = None if min_decrease is None else _number(min_decrease, "min_decrease", "0.1")
         if decrease is not None and not 0 <= decrease < 1:
-            raise ValueError(f"min_decrease= is a fraction of the first window's median loss in [0, 1) (0.1: 10% "
-                             f"lower), got {min_decrease!r}")
+            raise InvalidArgument(f"min_decrease= is a fraction of the first window's median loss in [0, 1) (0.1: 10% "
+                                  f"lower), got {min_decrease!r}")
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise ValueError(f"window= must be an int >= 1 (calls of step() per window), got {window!r}")
+            raise InvalidArgument(f"window= must be an int >= 1 (calls of step() per window), got {window!r}")
         if window is not None and decrease is None:
-            raise ValueError("window= sizes the windows min_decrease= compares: set min_decrease= too (e.g. 0.1)")
+            raise InvalidArgument("window= sizes the windows min_decrease= compares: set min_decrease= too (e.g. 0.1)")
         windows = (window or max(1, steps // 4)) if decrease is not None else None
         if windows is not None and 2 * windows > steps:
-            raise ValueError(f"min_decrease= compares the first and the last window={windows} calls of step(), "
-                             f"which must not overlap: steps= must be at least {2 * windows}, got {steps}")
+            raise InvalidArgument(f"min_decrease= compares the first and the last window={windows} calls of step(), "
+                                  f"which must not overlap: steps= must be at least {2 * windows}, got {steps}")
         if not isinstance(overfit, bool):
-            raise TypeError(f"overfit= must be True or False, got {overfit!r}")
+            raise InvalidArgument(f"overfit= must be True or False, got {overfit!r}")
         if overfit and steps < 2:
-            raise ValueError(f"overfit=True judges the loss of the later steps against step 1's: steps= must be at "
-                             f"least 2, got {steps}")
+            raise InvalidArgument(f"overfit=True judges the loss of the later steps against step 1's: steps= must be "
+                                  f"at "
+                                  f"least 2, got {steps}")
         fraction = _number(overfit_fraction, "overfit_fraction", "0.1")
         if not 0 < fraction < 1:
-            raise ValueError(f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction of its "
-                             f"value at step 1, got {overfit_fraction!r}")
+            raise InvalidArgument(f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction of its "
+                                  f"value at step 1, got {overfit_fraction!r}")
         bound = None if max_grad_norm is None else _number(max_grad_norm, "max_grad_norm", "10.0")
         if bound is not None and bound <= 0:
-            raise ValueError(f"max_grad_norm= must be > 0, got {max_grad_norm!r}")
+            raise InvalidArgument(f"max_grad_norm= must be > 0, got {max_grad_norm!r}")
         schedule: Schedule | dict[str, Schedule] | None = None
         if isinstance(lr_schedule, Mapping):
             if not lr_schedule or not all(isinstance(key, str) for key in lr_schedule):
-                raise TypeError(f"lr_schedule= as a mapping must map optimizer entries (strings) to schedules, got "
-                                f"{lr_schedule!r}")
+                raise InvalidArgument(f"lr_schedule= as a mapping must map optimizer entries (strings) to schedules, "
+                                      f"got "
+                                      f"{lr_schedule!r}")
             schedule = {key: _schedule(value, f"lr_schedule[{key!r}]") for key, value in lr_schedule.items()}
         elif lr_schedule is not None:
             schedule = _schedule(lr_schedule, "lr_schedule=")
         if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(
                 max_skipped_steps, int) or max_skipped_steps < 0):
-            raise ValueError(f"max_skipped_steps= must be None (not judged) or an int >= 0, got {max_skipped_steps!r}")
+            raise InvalidArgument(f"max_skipped_steps= must be None (not judged) or an int >= 0, got "
+                                  f"{max_skipped_steps!r}")
         return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, max_skipped_steps)
 
     @property
@@ -250,8 +257,9 @@ class _Judge:
         if isinstance(rates, float):
             return [rates] * groups
         if len(rates) != groups:
-            raise ValueError(f"{where} holds {len(rates)} learning rates, but optimizer '{optimizer}' has {groups} "
-                             "parameter groups: give one per group, or one float for all")
+            raise InvalidArgument(f"{where} holds {len(rates)} learning rates, but optimizer '{optimizer}' has "
+                                  f"{groups} "
+                                  "parameter groups: give one per group, or one float for all")
         return rates
 
     def shift(self, optimizer: str) -> int | None:
@@ -501,8 +509,9 @@ class _Judge:
         if isinstance(verdicts.lr_schedule, dict):
             unknown = sorted(set(verdicts.lr_schedule) - set(self.trace.optimizers))
             if unknown:
-                raise ValueError(f"lr_schedule= names {', '.join(map(repr, unknown))}, not an optimizer of the State "
-                                 f"(they are {', '.join(map(repr, self.trace.optimizers)) or 'none'})")
+                raise InvalidArgument(f"lr_schedule= names {', '.join(map(repr, unknown))}, not an optimizer of the "
+                                      f"State "
+                                      f"(they are {', '.join(map(repr, self.trace.optimizers)) or 'none'})")
 
 
 def _close(actual: float, expected: float) -> bool:

@@ -10,13 +10,15 @@ import dataclasses
 import time
 from typing import Literal, TypeAlias
 
+from trainparity._validation import InvalidArgument
+
 Isolation: TypeAlias = Literal["process", "spawn", "inprocess"]
 ISOLATIONS: tuple[Isolation, ...] = ("process", "spawn", "inprocess")
 
 
 def validate_isolation(isolation: object) -> str:
     if isolation not in ISOLATIONS:
-        raise ValueError(f"isolation= must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
+        raise InvalidArgument(f"isolation= must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
     return str(isolation)
 
 
@@ -27,8 +29,8 @@ MAX_TIMEOUT = 1e8
 
 def validate_timeout(timeout: object) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-        raise ValueError(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (about three "
-                         f"years), got {timeout!r}")
+        raise InvalidArgument(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (about three "
+                              f"years), got {timeout!r}")
     return float(timeout)
 
 

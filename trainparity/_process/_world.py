@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from trainparity._process import _session
 from trainparity._process._options import Isolation
+from trainparity._validation import InvalidArgument
 
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
@@ -32,15 +33,16 @@ class World:
 
 def validate_backend(backend: object, world_size: int) -> str:
     if not isinstance(backend, str):
-        raise TypeError(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
+        raise InvalidArgument(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
     if not dist.is_available():
-        raise ValueError("this torch build has no torch.distributed; install a build with distributed support")
+        raise InvalidArgument("this torch build has no torch.distributed; install a build with distributed support")
     if not dist.is_backend_available(backend):
-        raise ValueError(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
+        raise InvalidArgument(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise ValueError(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size}, {torch.cuda.device_count()} visible; "
-            "lower world_size or use backend='gloo'"
+        raise InvalidArgument(
+                              f"backend='nccl' needs one GPU per rank: world_size={world_size}, "
+                              f"{torch.cuda.device_count()} visible; "
+                              "lower world_size or use backend='gloo'"
         )
     return backend
 
@@ -52,7 +54,7 @@ def world_isolation(explicit: object, backend: str) -> Isolation:
     own: Isolation = "spawn" if backend == "nccl" else "process"
     isolation = _session.isolation(explicit, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
     if isolation == "inprocess":
-        raise ValueError("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
+        raise InvalidArgument("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
     return isolation
 
 

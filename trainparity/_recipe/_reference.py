@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 from trainparity._recipe._modules import ALIAS_PREFIX, MAIN_ALIAS, attribute, load_module, module_file
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._spec import load_spec, parse_spec
+from trainparity._validation import InvalidArgument
 
 #: what a check's `recipe` argument may be: a Recipe subclass, an instance of one, or a spec string
 RecipeSpec: TypeAlias = type[Recipe[Any]] | Recipe[Any] | str
@@ -47,7 +48,7 @@ class RecipeRef:
     def recipe_class(self) -> type[Recipe[Any]]:
         obj = attribute(load_module(self.module, self.file), self.qualname)
         if not (isinstance(obj, type) and issubclass(obj, Recipe)):
-            raise TypeError(f"{self.module}:{self.qualname} is not a tp.Recipe subclass")
+            raise InvalidArgument(f"{self.module}:{self.qualname} is not a tp.Recipe subclass")
         return obj
 
     def build(self, **overrides: Any) -> Recipe[Any]:
@@ -59,7 +60,7 @@ class RecipeRef:
         except TypeError as error:
             if overrides:
                 names = ", ".join(f"{k}=" for k in overrides)
-                raise TypeError(f"{self.name} could not be built with {names}: {error}") from error
+                raise InvalidArgument(f"{self.name} could not be built with {names}: {error}") from error
             raise
 
 
@@ -92,45 +93,48 @@ def resolve_recipe(recipe: object) -> RecipeRef:
 
     Accepts a Recipe subclass, an instance (its constructor arguments must pickle) or a spec
     string (`package.module:ClassName`, `path/to/file.py:ClassName`, either with literal
-    constructor arguments). Misuse raises TypeError/ValueError naming the fix.
+    constructor arguments). Misuse raises `InvalidArgument` naming the fix.
     """
     if isinstance(recipe, str):
         spec = parse_spec(recipe)
         obj = load_spec(spec)
         if not (isinstance(obj, type) and issubclass(obj, Recipe)):
-            raise TypeError(f"{recipe!r} is not a tp.Recipe subclass (got {type(obj).__name__})")
+            raise InvalidArgument(f"{recipe!r} is not a tp.Recipe subclass (got {type(obj).__name__})")
         if spec.called:
             try:
                 obj(*spec.args, **spec.kwargs)
-            except TypeError as error:
-                raise TypeError(f"{recipe!r} could not be built: {error}") from None
+            except (TypeError, ValueError) as error:  # the constructor refused the spec's arguments
+                raise InvalidArgument(f"{recipe!r} could not be built: {error}") from None
         return _reference(obj, spec.args, spec.kwargs)
     if isinstance(recipe, type):
         if not issubclass(recipe, Recipe):
-            raise TypeError(f"{recipe.__qualname__} is not a tp.Recipe subclass: derive it from tp.Recipe")
+            raise InvalidArgument(f"{recipe.__qualname__} is not a tp.Recipe subclass: derive it from tp.Recipe")
         return _reference(recipe, (), {})
     if isinstance(recipe, Recipe):
         args, kwargs = recipe._tp_init_args
         return _reference(type(recipe), args, kwargs)
-    raise TypeError(
-        "recipe must be a tp.Recipe subclass, an instance of one, or a 'package.module:ClassName' string, "
-        f"got {type(recipe).__name__}"
+    raise InvalidArgument(
+                          "recipe must be a tp.Recipe subclass, an instance of one, or a 'package.module:ClassName' "
+                          "string, "
+                          f"got {type(recipe).__name__}"
     )
 
 
 def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecipeRef:
     if "<locals>" in cls.__qualname__:
-        raise TypeError(
-            f"recipe {cls.__qualname__} is defined inside a function; define it at module level so a "
-            "fresh process can import it"
+        raise InvalidArgument(
+                              f"recipe {cls.__qualname__} is defined inside a function; define it at module level so a "
+                              "fresh process can import it"
         )
     try:
         arguments = pickle.dumps((args, kwargs))
     except Exception as error:
-        raise TypeError(
-            f"the constructor arguments of {cls.__qualname__} must be picklable: every run of a check builds the "
-            f"recipe anew from them, in a fresh process or (isolation='inprocess') in this one (a lambda or a "
-            f"closure does not pickle: pass a module-level function): {error}"
+        raise InvalidArgument(
+                              f"the constructor arguments of {cls.__qualname__} must be picklable: every run of a "
+                              f"check builds the "
+                              f"recipe anew from them, in a fresh process or (isolation='inprocess') in this one (a "
+                              f"lambda or a "
+                              f"closure does not pickle: pass a module-level function): {error}"
         ) from error
     module = cls.__module__
     file = module_file(sys.modules.get(module))
@@ -142,8 +146,9 @@ def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, 
         elif file is not None:
             module = MAIN_ALIAS  # the script is executed again under another name: its main block stays idle
         else:
-            raise TypeError(
-                f"recipe {cls.__qualname__} is defined in an interactive session; define it in a module "
-                "so a fresh process can import it"
+            raise InvalidArgument(
+                                  f"recipe {cls.__qualname__} is defined in an interactive session; define it in a "
+                                  f"module "
+                                  "so a fresh process can import it"
             )
     return RecipeRef(module, cls.__qualname__, file, arguments, from_main=cls.__module__ == "__main__")

@@ -12,10 +12,12 @@ import pathlib
 from typing import Any
 
 from trainparity._recipe._modules import ALIAS_PREFIX, attribute, import_module, load_module, origin
+from trainparity._validation import InvalidArgument
 
 
-class SpecError(ValueError):
-    """A spec that cannot be parsed, or names a module, file or attribute that does not exist."""
+class SpecError(InvalidArgument):
+    """A spec that cannot be parsed, or names a module, file or attribute that does not exist: a misuse of the
+    check's recipe argument (so also a TypeError, where a ValueError alone was raised before)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,29 +34,29 @@ from trainparity._state._compare import (
 from trainparity._state._precision import describe_comparison, dtype_error_hint, effective_comparison
 from trainparity._state._rng import validate_seed
 from trainparity._state._snapshot import state_entry
+from trainparity._validation import InvalidArgument, check_int
 
 TASK = "trainparity._resume._trace:train_run"
 
 
 def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps= must be an int >= 2 (one step before and one after the resume), got {steps!r}")
+    steps = check_int("steps", steps, 2, "one step before and one after the resume")
     if resume_at is None:
         return steps, steps // 2
     if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at <= steps - 1:
-        raise ValueError(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
+        raise InvalidArgument(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
     return steps, resume_at
 
 
 def _validate_worlds(world_size: object, resume_world_size: object) -> tuple[int, int]:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size= must be an int >= 1 (the ranks of every run but the resumed one), "
-                         f"got {world_size!r}")
+        raise InvalidArgument(f"world_size= must be an int >= 1 (the ranks of every run but the resumed one), "
+                              f"got {world_size!r}")
     if resume_world_size is None:
         return world_size, world_size
     if isinstance(resume_world_size, bool) or not isinstance(resume_world_size, int) or resume_world_size < 1:
-        raise ValueError(f"resume_world_size= must be an int >= 1 or None (the same as world_size), "
-                         f"got {resume_world_size!r}")
+        raise InvalidArgument(f"resume_world_size= must be an int >= 1 or None (the same as world_size), "
+                              f"got {resume_world_size!r}")
     return world_size, resume_world_size
 
 
@@ -102,11 +102,14 @@ def check_resume(
     if world_size != resume_world_size:
         recipe_class = ref.recipe_class()
         if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
-            raise ValueError(
-                f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
-                "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
-                "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
-                "splits otherwise")
+            raise InvalidArgument(
+                                  f"resume_world_size={resume_world_size} != world_size={world_size} needs "
+                                  f"{recipe_class.__name__}'s "
+                                  "own save() and load() (for example with torch.distributed.checkpoint): the default "
+                                  "tp.save_state "
+                                  "file of each rank holds that rank's loader position and RNG state, which another "
+                                  "number of ranks "
+                                  "splits otherwise")
     backend = validate_backend(backend, max(world_size, resume_world_size))
     if precision is None and world_size == resume_world_size:
         precision = "native"

@@ -29,6 +29,7 @@ from trainparity._resume._trace import RunTrace, StepRecord
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
+from trainparity._validation import check_int
 
 GRADIENTS = "gradients."
 
@@ -51,8 +52,7 @@ def check_runs_equivalent(
     another order (accumulation, another batch size), declare a tolerance.
     """
     reference_command, candidate_command = parse_command(reference, "reference"), parse_command(candidate, "candidate")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps= must be an int >= 1 (optimizer steps), got {steps!r}")
+    check_int("steps", steps, 1, "optimizer steps")
     declared = resolve_comparison(comparison)
     deadline = Deadline.after(timeout)
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),

@@ -27,13 +27,13 @@ from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, compare_snapshots, resolve_comparison
+from trainparity._validation import InvalidArgument, check_int
 
 
 def _validate(steps: object, resume_at: object) -> tuple[int, int]:
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps= must be an int >= 2 (optimizer steps), got {steps!r}")
+    steps = check_int("steps", steps, 2, "optimizer steps")
     if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at < steps:
-        raise ValueError(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
+        raise InvalidArgument(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
     return steps, resume_at
 
 

@@ -15,6 +15,7 @@ from trainparity._process._options import Deadline
 from trainparity._results._violation import ChildError
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
+from trainparity._validation import InvalidArgument
 
 SITE = pathlib.Path(__file__).resolve().parent / "site"
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -30,10 +31,10 @@ def parse_command(command: object, name: str) -> list[str]:
     elif isinstance(command, Sequence) and all(isinstance(part, str) for part in command):
         parts = list(command)
     else:
-        raise TypeError(f"{name}= must be a command line (a string, split like a shell) or a list of strings, "
-                        f"got {type(command).__name__}")
+        raise InvalidArgument(f"{name}= must be a command line (a string, split like a shell) or a list of strings, "
+                              f"got {type(command).__name__}")
     if not parts:
-        raise ValueError(f"{name}= is empty: give the command that trains, e.g. 'python train.py'")
+        raise InvalidArgument(f"{name}= is empty: give the command that trains, e.g. 'python train.py'")
     return parts
 
 
@@ -41,7 +42,7 @@ def parse_environment(env: object) -> dict[str, str]:
     if env is None:
         return {}
     if not (isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise TypeError("env= must map environment variable names to strings")
+        raise InvalidArgument("env= must map environment variable names to strings")
     return dict(env)
 
 

@@ -18,6 +18,7 @@ import torch
 from trainparity._results._violation import JsonValue, format_number, json_safe
 from trainparity._state._digest import Digest, digest
 from trainparity._state._tensors import arithmetic_view, element_bits, opaque
+from trainparity._validation import InvalidArgument
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None
@@ -53,9 +54,9 @@ class ToleranceComparison:
         for name in ("rtol", "atol"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"ToleranceComparison({name}=...) must be a number, got {type(value).__name__}")
+                raise InvalidArgument(f"ToleranceComparison({name}=...) must be a number, got {type(value).__name__}")
             if not math.isfinite(value) or value < 0:
-                raise ValueError(f"ToleranceComparison({name}={value!r}) must be finite and >= 0")
+                raise InvalidArgument(f"ToleranceComparison({name}={value!r}) must be finite and >= 0")
 
     def allowed(self, dtype: torch.dtype | None) -> tuple[float, float]:
         if dtype is None or dtype.is_floating_point or dtype.is_complex:
@@ -76,9 +77,9 @@ def resolve_comparison(comparison: object) -> Comparison:
         return EXACT
     if isinstance(comparison, (ExactComparison, ToleranceComparison)):
         return comparison
-    raise TypeError(
-        "comparison= must be tp.ExactComparison() or tp.ToleranceComparison(rtol=..., atol=...), "
-        f"got {type(comparison).__name__}; tolerances are declared, never inferred"
+    raise InvalidArgument(
+                          "comparison= must be tp.ExactComparison() or tp.ToleranceComparison(rtol=..., atol=...), "
+                          f"got {type(comparison).__name__}; tolerances are declared, never inferred"
     )
 
 

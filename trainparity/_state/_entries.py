@@ -17,6 +17,7 @@ from torch import nn
 
 from trainparity._state._containers import container_values, is_container
 from trainparity._state._rng import stream_kind
+from trainparity._validation import InvalidArgument
 
 T = TypeVar("T")
 SCALARS = (bool, int, float, str, type(None))
@@ -39,7 +40,7 @@ class State:
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name.startswith("_"):
-            raise ValueError(f"State entry names must not start with '_': {name!r}")
+            raise InvalidArgument(f"State entry names must not start with '_': {name!r}")
         object.__setattr__(self, name, value)
 
     def __iter__(self) -> Iterator[str]:

@@ -29,6 +29,7 @@ from torch import nn
 from trainparity._batches._split import map_leaves
 from trainparity._state._compare import EXACT, Comparison, ToleranceComparison
 from trainparity._state._entries import State, state_objects
+from trainparity._validation import InvalidArgument
 
 PRECISIONS = ("float64", "native")
 #: The comparison of float64 mode when none is declared. float64 rounding of a training step is about
@@ -50,7 +51,7 @@ class PrecisionError(RuntimeError):
 
 def validate_precision(precision: object) -> str:
     if precision not in PRECISIONS:
-        raise ValueError(f"precision= must be 'float64' or 'native', got {precision!r}")
+        raise InvalidArgument(f"precision= must be 'float64' or 'native', got {precision!r}")
     return str(precision)
 
 

@@ -25,6 +25,7 @@ from trainparity._process._options import Deadline
 from trainparity._recipe._recipe import set_loader_epoch
 from trainparity._results._result import WorkerRandomnessResult
 from trainparity._results._violation import JsonValue
+from trainparity._validation import InvalidArgument, check_int
 from trainparity._workers._judge import Epoch, judge_workers
 from trainparity._workers._record import Fetch, Fetched, RecordingCollate, RecordingInit, begin, end, roots
 from trainparity._workers._streams import snapshot
@@ -34,18 +35,20 @@ def _validate(loader: object, epochs: object, batches: object) -> DataLoader[Any
     if not isinstance(loader, DataLoader):
         what = type(loader).__name__
         if isinstance(loader, (str, bytes)) or not isinstance(loader, Iterable):
-            raise TypeError(f"loader= must be a torch.utils.data.DataLoader, got {what}, which is not iterable")
-        raise TypeError(f"loader= must be a torch.utils.data.DataLoader (or a subclass, such as torchdata's "
-                        f"StatefulDataLoader), got {what}: the check records inside the loader's workers through its "
-                        "worker_init_fn and collate_fn")
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs= must be an int >= 1 (epochs of the loader iterated), got {epochs!r}")
+            raise InvalidArgument(f"loader= must be a torch.utils.data.DataLoader, got {what}, which is not iterable")
+        raise InvalidArgument(f"loader= must be a torch.utils.data.DataLoader (or a subclass, such as torchdata's "
+                              f"StatefulDataLoader), got {what}: the check records inside the loader's workers "
+                              f"through its "
+                              "worker_init_fn and collate_fn")
+    check_int("epochs", epochs, 1, "epochs of the loader iterated")
     if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 1):
-        raise ValueError(f"batches= must be None (whole epochs) or an int >= 1 (batches per epoch), got {batches!r}")
+        raise InvalidArgument(f"batches= must be None (whole epochs) or an int >= 1 (batches per epoch), got "
+                              f"{batches!r}")
     if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
-        raise ValueError("loader= already has persistent workers running (it was iterated before): the check must "
-                         "start the workers itself to record inside them; pass a loader that has not been iterated "
-                         "(a new one from the function that builds it)")
+        raise InvalidArgument("loader= already has persistent workers running (it was iterated before): the check must "
+                              "start the workers itself to record inside them; pass a loader that has not been "
+                              "iterated "
+                              "(a new one from the function that builds it)")
     return loader
 
 
