@@ -3,6 +3,8 @@ runs; the command line's exit status 4 means exactly that, and any other excepti
 
 from __future__ import annotations
 
+import argparse
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -88,3 +90,25 @@ def test_the_command_line_says_usage_error_for_misuse_and_shows_a_bug_of_ours(
     shown = capsys.readouterr().err
     assert "Traceback" in shown and "KeyError: 'an internal bug'" in shown
     assert "this is a bug in trainparity" in shown
+
+
+def test_every_keyword_of_every_check_has_its_option_with_the_checks_default() -> None:
+    """The command line's options come from the checks' signatures: a keyword added to a check without its
+    option, or an option whose default drifted from the check's, fails here."""
+    parser = _cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    checks = _cli.command_checks()
+    assert sorted(commands) == sorted(checks)
+    for name, check in checks.items():
+        options = {action.dest: action for action in commands[name]._actions}
+        for keyword, parameter in inspect.signature(check).parameters.items():
+            if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                continue
+            if keyword in _cli.EXPRESSED_OTHERWISE:
+                assert keyword not in options, (name, keyword)
+                continue
+            assert keyword in options, f"{name}: check keyword {keyword}= has no option --{keyword.replace('_', '-')}"
+            if parameter.default is inspect.Parameter.empty:
+                assert options[keyword].required, (name, keyword)
+            else:
+                assert options[keyword].default == parameter.default, (name, keyword, options[keyword].default)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import inspect
 import os
 import pathlib
 import platform
@@ -52,7 +53,7 @@ exit status:
 RECIPE_HELP = ("the recipe: package.module:ClassName or path/to/file.py:ClassName, optionally with literal "
                "constructor arguments, e.g. 'module:Regression(forget_scheduler=True)'")
 TIMEOUT_HELP = "seconds the whole check may take, all its runs included, before it ends in ERROR (default: 120)"
-SCRIPT_TIMEOUT_HELP = "seconds the whole check may take, every run of the script included (default: 600)"
+SCRIPT_TIMEOUT_HELP = "seconds the whole check may take, every run of the script included (default: %(default)s)"
 JSON_HELP = "also write the result as JSON to FILE (checked to be writable before the check runs)"
 
 
@@ -60,9 +61,49 @@ class UsageError(Exception):
     """A command line that cannot run: exit status 4 with one line on stderr."""
 
 
+def command_checks() -> dict[str, Callable[..., Result]]:
+    """The check each command runs: its options are the check's keywords, with the check's own defaults."""
+    import trainparity as tp
+
+    return {"resume": tp.check_resume, "accumulation": tp.check_accumulation, "data-parallel": tp.check_data_parallel,
+            "optimizer-coverage": tp.check_optimizer_coverage, "mixed-precision": tp.check_mixed_precision,
+            "frozen": tp.check_frozen, "train-mode": tp.check_train_mode, "training": tp.check_training,
+            "resume-script": tp.check_resume_script, "equivalent": tp.check_runs_equivalent,
+            "coverage": tp.check_coverage, "worker-randomness": tp.check_worker_randomness}
+
+
+#: keywords of a check that no option of the same name carries, and how the command line expresses them
+EXPRESSED_OTHERWISE = {
+    "comparison": "--rtol and --atol (a tp.ToleranceComparison; exact without them)",
+    "disable_dropout": "--keep-dropout (disable_dropout=False)",
+    "split": "not on the command line: a function (the default tp.split_batch)",
+    "policy": "the coverage function returns the policy with the ranks",
+    "sample_ids": "the coverage function returns it with the ranks",
+    "env": "not on the command line: the command inherits this shell's environment",
+    "cwd": "not on the command line: the command runs in this shell's directory",
+}
+
+
 class _Parser(argparse.ArgumentParser):
+    #: the keyword defaults of the check the command runs (`command_checks`): an option named after a keyword
+    #: takes the check's default, so that the two cannot drift apart
+    keyword_defaults: dict[str, Any] = {}
+
     def error(self, message: str) -> NoReturn:
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message}\n")
+
+    def runs(self, check: Callable[..., Result]) -> None:
+        parameters = inspect.signature(check).parameters.items()
+        self.keyword_defaults = {name: parameter.default for name, parameter in parameters
+                                 if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+                                 and parameter.default is not inspect.Parameter.empty}
+
+    def add_argument(self, *flags: Any, **options: Any) -> argparse.Action:
+        dest = options.get("dest") or (flags[0].lstrip("-").replace("-", "_") if flags and flags[0].startswith("--")
+                                       else None)
+        if dest in self.keyword_defaults and "default" not in options and not options.get("required"):
+            options["default"] = self.keyword_defaults[dest]
+        return super().add_argument(*flags, **options)
 
 
 def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[str, Any]) -> Result:
@@ -264,6 +305,7 @@ def _require_writable(path: pathlib.Path) -> None:
 def _command(commands: Any, name: str, summary: str, command: Command) -> _Parser:
     parser: _Parser = commands.add_parser(name, help=summary, description=summary, epilog=EXIT_STATUS_HELP,
                                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.runs(command_checks()[name])
     parser.set_defaults(command_run=command)
     return parser
 
@@ -277,15 +319,15 @@ def _recipe_options(parser: argparse.ArgumentParser, isolations: Sequence[str], 
         add("--rtol", type=float, metavar="R",
             help="declared relative tolerance (default: exact, or float64 mode's fixed tolerance where that applies)")
         add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
-    add("--seed", type=int, default=0, help="the seed of torch, numpy and random before setup() (default: 0)")
-    add("--isolation", choices=isolations, default=None,
+    add("--seed", type=int, help="the seed of torch, numpy and random before setup() (default: %(default)s)")
+    add("--isolation", choices=isolations,
         help="where each run executes: a child of the warmed fork server (process), a fresh interpreter "
              f"(spawn) or this process (inprocess) (default: {default_isolation})")
-    add("--timeout", type=float, default=None, metavar="S", help=TIMEOUT_HELP)
+    add("--timeout", type=float, metavar="S", help=TIMEOUT_HELP)
 
 
 def _precision_option(parser: argparse.ArgumentParser, default: str = "default") -> None:
-    parser.add_argument("--precision", choices=("float64", "native"), default=None,
+    parser.add_argument("--precision", choices=("float64", "native"),
                         help=f"run in float64 and judge with its fixed tolerance ({default}), or in the recipe's "
                              "own dtypes")
 
@@ -302,15 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     resume = _command(commands, "resume", "resume equivalence: save, exit, load in a fresh process and continue "
                       "like uninterrupted training", Command(_run_resume, ResumeResult))
     _recipe_options(resume, ("process", "spawn", "inprocess"), "process")
-    resume.add_argument("--steps", type=int, default=6, help="steps of training compared (default: 6)")
-    resume.add_argument("--resume-at", type=int, default=None, metavar="K",
+    resume.add_argument("--steps", type=int, help="steps of training compared (default: %(default)s)")
+    resume.add_argument("--resume-at", type=int, metavar="K",
                         help="the step after which the run saves, exits and resumes (default: steps // 2)")
-    resume.add_argument("--world-size", type=int, default=1,
+    resume.add_argument("--world-size", type=int,
                         help="ranks of every run but the resumed one; above 1, runs are worlds of real ranks "
-                        "(default: 1)")
-    resume.add_argument("--resume-world-size", type=int, default=None, metavar="N",
+                        "(default: %(default)s)")
+    resume.add_argument("--resume-world-size", type=int, metavar="N",
                         help="ranks of the resumed run (default: --world-size)")
-    resume.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo (CPU) or nccl "
+    resume.add_argument("--backend", help="torch.distributed backend: gloo (CPU) or nccl "
                         "(default: gloo)")
     _precision_option(resume, "default when the world size changes; else native")
 
@@ -318,12 +360,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "against one full-batch step", Command(_run_accumulation, AccumulationResult))
     _recipe_options(accumulation, ("inprocess", "process", "spawn"), "inprocess")
     add = accumulation.add_argument
-    add("--microbatches", type=_microbatches, default=4, metavar="K|N,N,...",
-        help="number of equal micro-batches, or their sizes (default: 4)")
-    add("--cycles", type=int, default=2, help="full batches compared (default: 2)")
+    add("--microbatches", type=_microbatches, metavar="K|N,N,...",
+        help="number of equal micro-batches, or their sizes (default: %(default)s)")
+    add("--cycles", type=int, help="full batches compared (default: %(default)s)")
     add("--keep-dropout", action="store_true", help="leave dropout active (default: disabled in both runs)")
     _precision_option(accumulation)
-    add("--batch-dependent", choices=("fail", "eval"), default="fail",
+    add("--batch-dependent", choices=("fail", "eval"),
         help="BatchNorm-like layers in training mode: FAIL on the divergence they cause (default), or run them "
              "in eval mode to judge the loop alone")
 
@@ -331,9 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "against the same recipe in a world of size 1", Command(_run_data_parallel, DataParallelResult))
     _recipe_options(parallel, ("process", "spawn"), "process; spawn for nccl")
     add = parallel.add_argument
-    add("--world-size", type=int, default=2, help="number of ranks (default: 2)")
-    add("--backend", default="gloo", help="torch.distributed backend: gloo (CPU) or nccl (default: gloo)")
-    add("--steps", type=int, default=3, help="steps of training compared (default: 3)")
+    add("--world-size", type=int, help="number of ranks (default: %(default)s)")
+    add("--backend", help="torch.distributed backend: gloo (CPU) or nccl (default: gloo)")
+    add("--steps", type=int, help="steps of training compared (default: %(default)s)")
     _precision_option(parallel)
 
     coverage_of_optimizers = _command(
@@ -341,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
         "group, frozen ones in none, every parameter reached by a gradient", Command(_run_optimizer_coverage,
                                                                                     OptimizerCoverageResult))
     _recipe_options(coverage_of_optimizers, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
-    coverage_of_optimizers.add_argument("--steps", type=int, default=1,
+    coverage_of_optimizers.add_argument("--steps", type=int,
                                         help="calls of step() observed after setup() (default: 1; 0: setup() only)")
 
     mixed = _command(commands, "mixed-precision", "mixed precision: the GradScaler's contract (scaler.step, update, "
@@ -350,33 +392,33 @@ def build_parser() -> argparse.ArgumentParser:
                      Command(_run_mixed_precision, MixedPrecisionResult))
     _recipe_options(mixed, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = mixed.add_argument
-    add("--steps", type=int, default=4, help="calls of step() observed (default: 4)")
-    add("--max-skipped-steps", type=int, default=None, metavar="N",
+    add("--steps", type=int, help="calls of step() observed (default: %(default)s)")
+    add("--max-skipped-steps", type=int, metavar="N",
         help="optimizer steps the GradScaler may skip (default: half of its scaler.step() calls)")
-    add("--allow-float32", action="append", default=None, metavar="GLOB",
+    add("--allow-float32", action="append", metavar="GLOB",
         help="a module-name glob whose float32 matmuls inside autocast are deliberate, e.g. 'attn*' (repeatable)")
-    add("--max-float32-share", type=float, default=0.0, metavar="F",
+    add("--max-float32-share", type=float, metavar="F",
         help="the share of the matmul, convolution and attention FLOPs inside autocast regions that may run in "
-             "float32 outside the allowed modules (default: 0)")
+             "float32 outside the allowed modules (default: %(default)s)")
 
     frozen = _command(commands, "frozen", "frozen parameters and buffers stay bitwise unchanged through a few steps, "
                       "and what moved one (a stale gradient, weight decay, a BatchNorm in train mode)",
                       Command(_run_frozen, FrozenResult))
     _recipe_options(frozen, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = frozen.add_argument
-    add("--frozen", action="append", default=None, metavar="GLOB",
+    add("--frozen", action="append", metavar="GLOB",
         help="a glob over parameter and buffer names that are meant to stay frozen, e.g. 'backbone.*'; repeat it for "
              "several (default: the parameters with requires_grad=False after setup(), and the buffers of the modules "
              "whose parameters are all frozen)")
-    add("--steps", type=int, default=2, help="calls of step() observed (default: 2)")
+    add("--steps", type=int, help="calls of step() observed (default: %(default)s)")
 
     train_mode = _command(commands, "train-mode", "train/eval mode: the modules whose behaviour depends on their mode "
                           "train in train mode, and evaluations leave the training alone",
                           Command(_run_train_mode, TrainModeResult))
     _recipe_options(train_mode, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = train_mode.add_argument
-    add("--steps", type=int, default=3, help="calls of step() observed (default: 3)")
-    add("--eval-modules", action="append", default=None, metavar="GLOB",
+    add("--steps", type=int, help="calls of step() observed (default: %(default)s)")
+    add("--eval-modules", action="append", metavar="GLOB",
         help="a glob over module names deliberately in eval mode (a frozen BatchNorm backbone), e.g. 'backbone'; "
              "a module inside a declared one is declared too; repeat it for several (default: none)")
 
@@ -385,25 +427,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "the verdicts asked for", Command(_run_training, TrainingResult))
     _recipe_options(training, ("inprocess", "process", "spawn"), "inprocess", tolerance=False)
     add = training.add_argument
-    add("--steps", type=int, default=20, help="calls of step() observed (default: 20)")
-    add("--min-decrease", type=float, default=None, metavar="F",
+    add("--steps", type=int, help="calls of step() observed (default: %(default)s)")
+    add("--min-decrease", type=float, metavar="F",
         help="judge loss_not_decreasing: the median loss of the last --window steps must be below the first window's "
              "by this fraction of it, e.g. 0.1 (default: not judged)")
-    add("--window", type=int, default=None, metavar="N",
+    add("--window", type=int, metavar="N",
         help="steps per window of --min-decrease (default: steps // 4)")
     add("--overfit", action="store_true",
         help="train on the recipe's first batch, repeated, and judge not_overfitting (default: the recipe's batches)")
-    add("--overfit-fraction", type=float, default=0.1, metavar="F",
-        help="with --overfit, the loss must fall below this fraction of its value at step 1 (default: 0.1)")
-    add("--max-grad-norm", type=float, default=None, metavar="N",
+    add("--overfit-fraction", type=float, metavar="F",
+        help="with --overfit, the loss must fall below this fraction of its value at step 1 (default: %(default)s)")
+    add("--max-grad-norm", type=float, metavar="N",
         help="judge grad_norm_exceeded: the gradient norm before clipping above N (default: not judged)")
-    add("--update-ratio", type=_update_band, default=None, metavar="LOW,HIGH|default",
+    add("--update-ratio", type=_update_band, metavar="LOW,HIGH|default",
         help="judge update_too_small/update_too_large: ||update|| / ||parameters|| per parameter group outside "
              "[LOW, HIGH]; 'default' is 1e-5,0.1 (default: not judged)")
-    add("--lr-schedule", default=None, metavar="LR,LR,...|module:function",
+    add("--lr-schedule", metavar="LR,LR,...|module:function",
         help="judge lr_mismatch: the learning rate of each optimizer step against these rates (one per step), or a "
              "function of the step's index from 0 (default: not judged)")
-    add("--max-skipped-steps", type=int, default=None, metavar="N",
+    add("--max-skipped-steps", type=int, metavar="N",
         help="judge skipped_updates: more than N optimizer steps skipped by the GradScaler (default: not judged)")
 
     script = commands.add_parser(
@@ -412,17 +454,18 @@ def build_parser() -> argparse.ArgumentParser:
         "real exit right after the script's own first checkpoint at or after --resume-at, and --resume continuing "
         "from it", epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     script.set_defaults(command_run=_run_resume_script)
+    script.runs(command_checks()["resume-script"])
     add = script.add_argument
     add("--run", required=True, metavar="COMMAND",
         help="the command that trains from scratch, split like a shell; {workdir} is a fresh directory per run "
              "chain (the interrupted and the resumed run share one)")
     add("--resume", required=True, metavar="COMMAND", help="the command that continues from the checkpoint")
-    add("--steps", type=int, default=6, help="optimizer steps compared (default: 6)")
-    add("--resume-at", type=int, default=3, metavar="K",
-        help="the run is ended after the script's first checkpoint at or after optimizer step K (default: 3)")
+    add("--steps", type=int, help="optimizer steps compared (default: %(default)s)")
+    add("--resume-at", type=int, metavar="K",
+        help="the run is ended after the script's first checkpoint at or after optimizer step K (default: %(default)s)")
     add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
     add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
-    add("--timeout", type=float, default=600.0, metavar="S", help=SCRIPT_TIMEOUT_HELP)
+    add("--timeout", type=float, metavar="S", help=SCRIPT_TIMEOUT_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
 
     equivalent = commands.add_parser(
@@ -431,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accumulation), compared optimizer step by step", epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     equivalent.set_defaults(command_run=_run_equivalent)
+    equivalent.runs(command_checks()["equivalent"])
     add = equivalent.add_argument
     add("--reference", required=True, metavar="COMMAND",
         help="the command that trains as it should, split like a shell; {workdir} is a fresh directory per run")
@@ -438,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=int, required=True, help="optimizer steps compared")
     add("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact)")
     add("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
-    add("--timeout", type=float, default=600.0, metavar="S", help=SCRIPT_TIMEOUT_HELP)
+    add("--timeout", type=float, metavar="S", help=SCRIPT_TIMEOUT_HELP)
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
 
     coverage = _command(commands, "coverage", "sample coverage: audit the sample IDs ranks read against a policy",
@@ -448,9 +492,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="package.module:function or path/to/file.py:function, optionally with literal arguments, returning "
              "(ranks, policy) or (ranks, policy, sample_ids): the arguments of tp.check_coverage")
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
-    add("--max-violations", type=int, default=None, metavar="N",
+    add("--max-violations", type=int, metavar="N",
         help="list at most N violations (default: 1,000,000; the notes count them all)")
-    add("--timeout", type=float, default=None, metavar="S",
+    add("--timeout", type=float, metavar="S",
         help="seconds the reading of the iterables may take before the check ends in ERROR (default: no limit)")
 
     workers = _command(commands, "worker-randomness", "worker randomness: DataLoader workers, or epochs, that draw the "
@@ -461,9 +505,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="package.module:function or path/to/file.py:function, optionally with literal arguments, returning the "
              "torch.utils.data.DataLoader to check (a new one: the check starts its workers)")
     add("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
-    add("--epochs", type=int, default=2, help="epochs of the loader iterated (default: 2)")
-    add("--batches", type=int, default=None, metavar="N", help="batches per epoch (default: whole epochs)")
-    add("--timeout", type=float, default=None, metavar="S",
+    add("--epochs", type=int, help="epochs of the loader iterated (default: %(default)s)")
+    add("--batches", type=int, metavar="N", help="batches per epoch (default: whole epochs)")
+    add("--timeout", type=float, metavar="S",
         help="seconds the whole check may take before it ends in ERROR and its workers are killed (default: no "
              "limit)")
     return parser
