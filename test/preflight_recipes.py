@@ -410,6 +410,72 @@ class InfiniteGradientsInClosure(MLP):
         return state.optimizer.step(closure).detach()  # type: ignore[union-attr]
 
 
+class ZeroGated(nn.Module):
+    """The MLP plus a branch behind a gate initialized to zero (ReZero, LoRA's zero-initialized B): at the first step
+    the branch's gradient is exactly zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.branch = nn.Linear(8, 1)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) + self.gate * self.branch(x)  # type: ignore[no-any-return]
+
+
+def normalize_gradients(model: nn.Module) -> None:
+    """Each gradient divided by its own norm, with no eps: an all-zero gradient becomes 0 / 0 = NaN."""
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            parameter.grad = parameter.grad / parameter.grad.norm()
+
+
+class NormalizesGradientsAfterUnscale(Amp):
+    """After scaler.unscale_(), every gradient divided by its norm by hand: the zero-gated branch's all-zero gradient
+    becomes NaN after the GradScaler's inf check, which scaler.step() trusts: it steps on the NaN."""
+
+    def model(self) -> nn.Module:
+        return ZeroGated()
+
+    def update(self, state: tp.State) -> None:
+        state.scaler.unscale_(state.optimizer)
+        normalize_gradients(state.model)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+
+
+class NormalizesGradientsAfterUnscaleFused(NormalizesGradientsAfterUnscale):
+    """The same with a fused AdamW, which scaler.step() always calls, telling it the inf check's result
+    (`optimizer.found_inf`): that check found nothing, so it steps on the NaN too."""
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+
+class NormalizesGradientsNoScaler(MLP):
+    """Every gradient divided by its norm by hand, no GradScaler: AdamW steps on the zero-gated branch's NaN."""
+
+    def model(self) -> nn.Module:
+        return ZeroGated()
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        loss = self.loss(state, batch)
+        state.optimizer.zero_grad()
+        loss.backward()
+        normalize_gradients(state.model)
+        state.optimizer.step()
+        return loss.detach()
+
+
+class InfiniteGradientsFused(InfiniteGradients):
+    """Infinite gradients with a fused AdamW: scaler.step() calls it on them with found_inf set, and it skips the
+    update itself."""
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+
+
 class NanLoss(Amp):
     """A log of 0 in the loss from step 2 on."""
 

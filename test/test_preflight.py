@@ -8,6 +8,7 @@ from typing import Any
 
 import preflight_recipes as recipes
 import pytest
+import torch
 
 import trainparity as tp
 from trainparity._preflight._mixed_precision import PrecisionTrace
@@ -266,6 +267,52 @@ def test_gradients_a_closure_computes_inside_the_step_are_the_ones_judged() -> N
     result = tp.check_mixed_precision(recipes.InfiniteGradientsInClosure, steps=2)
     assert found(result)[:2] == [("nonfinite_grads_stepped", "gradients.0.weight", 1, "nonfinite_grads_stepped"),
                                  ("nonfinite_params", "parameters.0.weight", 1, "nonfinite_grads_stepped")]
+
+
+@pytest.mark.parametrize("recipe", [recipes.NormalizesGradientsAfterUnscale,
+                                    recipes.NormalizesGradientsAfterUnscaleFused])
+def test_nonfinite_grads_stepped_inside_scaler_step_is_named_before_the_parameters(recipe: type[tp.Recipe]) -> None:
+    """A NaN made after scaler.unscale_() (a gradient divided by its zero norm): scaler.step() trusts the inf check
+    unscale_() made and steps on it. The step that consumed it is the cause, named ahead of the parameters it made
+    non-finite, and it is a step taken, not a skipped one."""
+    result = tp.check_mixed_precision(recipe)
+    assert found(result)[:3] == [
+        ("nonfinite_grads_stepped", "gradients.branch.weight", 1, "nonfinite_grads_stepped"),
+        ("nonfinite_params", "parameters.branch.weight", 1, "nonfinite_grads_stepped"),
+        ("nonfinite_params", "parameters.branch.bias", 1, "nonfinite_grads_stepped")]
+    message = result.violations[0].message
+    assert "inside scaler.step()" in message and "(of branch.weight, branch.bias)" in message
+    assert "Loss scale at each scaler.step(): 1024 (step 1), 1024 (step 2, skipped)" in result.report()
+
+
+def test_nonfinite_grads_stepped_without_a_scaler_whatever_made_them() -> None:
+    result = tp.check_mixed_precision(recipes.NormalizesGradientsNoScaler, steps=1)
+    assert found(result) == [
+        ("nonfinite_grads_stepped", "gradients.branch.weight", 1, "nonfinite_grads_stepped"),
+        ("nonfinite_params", "parameters.branch.weight", 1, "nonfinite_grads_stepped"),
+        ("nonfinite_params", "parameters.branch.bias", 1, "nonfinite_grads_stepped")]
+
+
+def test_a_fused_optimizer_told_of_an_inf_skips_the_step_itself() -> None:
+    """scaler.step() always calls a fused optimizer, on the gradients it found an inf in, with `found_inf` set: the
+    optimizer skips the update, so it is a skipped step, not nonfinite_grads_stepped."""
+    result = tp.check_mixed_precision(recipes.InfiniteGradientsFused)
+    assert found(result) == [("skipped_steps", "scaler.scale", 3, "skipped_steps")]
+
+
+def test_nonfinite_flags_names_every_inf_and_nan_and_no_finite_value_whose_norm_overflows() -> None:
+    from trainparity._observe._hooks import nonfinite_flags
+
+    tensors = [torch.full((10,), 6e4, dtype=torch.float16), torch.full((4,), 1e38), torch.empty(0), torch.randn(3)]
+    assert nonfinite_flags(tensors) == [False, False, False, False]
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64):
+        for value in (math.nan, math.inf, -math.inf):
+            for position in (0, 500, 1008):
+                tensor = torch.randn(1009).to(dtype)
+                tensor[position] = value
+                assert nonfinite_flags([torch.randn(3), tensor]) == [False, True], (dtype, value, position)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, math.nan], (5,), check_invariants=True)
+    assert nonfinite_flags([sparse, sparse.to_dense().nan_to_num()]) == [True, False]
 
 
 def test_skipped_steps_with_the_loss_scale_trace() -> None:

@@ -88,6 +88,24 @@ All violations (2):
 Notes:
   - The State holds no enabled torch.amp.GradScaler: the scaler's contract (scaler_step_bypassed, scaler_update_missing, clip_before_unscale, skipped_steps) was not judged, only non-finite values.""")
 
+    def test_nonfinite_gradients_made_after_unscale_are_named_at_the_step_scaler_step_took(self) -> None:
+        report = tp.check_mixed_precision(recipes.NormalizesGradientsAfterUnscale, steps=2).report()
+        self.assertExpectedInline(report, """\
+trainparity mixed_precision check: FAIL at gradients.branch.weight (nonfinite_grads_stepped, step 1)
+config: isolation='inprocess', max_skipped_steps=None, recipe='preflight_recipes:NormalizesGradientsAfterUnscale', seed=0, steps=2
+
+First violation: gradients.branch.weight (step 1, kind: nonfinite_grads_stepped, cause: nonfinite_grads_stepped)
+  Optimizer 'optimizer' stepped in step 1 inside scaler.step() on gradients holding an inf or a NaN (of branch.weight, branch.bias): the parameters it updates become non-finite; GradScaler 'scaler' found no inf or NaN when it checked them in scaler.unscale_(), and scaler.step() trusts that check: they became non-finite after it, between scaler.unscale_() and scaler.step() (a division by the norm of an all-zero gradient, say). Keep them finite there (an eps in the division).
+
+All violations (4):
+  1. gradients.branch.weight (step 1, kind: nonfinite_grads_stepped, cause: nonfinite_grads_stepped)
+  2. parameters.branch.weight (step 1, kind: nonfinite_params, cause: nonfinite_grads_stepped)
+  3. parameters.branch.bias (step 1, kind: nonfinite_params, cause: nonfinite_grads_stepped)
+  4. loss (step 2, kind: nonfinite_loss, cause: nonfinite_loss)
+
+Notes:
+  - GradScaler 'scaler': Loss scale at each scaler.step(): 1024 (step 1), 1024 (step 2, skipped); after the last update(): 512.""")
+
     def test_autocast_on_the_wrong_device(self) -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "CUDA is not available")

@@ -44,6 +44,36 @@ def tensor_norms(tensors: Sequence[torch.Tensor]) -> list[float]:
     return [float(norm) for norm in norms]
 
 
+def nonfinite_flags(tensors: Sequence[torch.Tensor]) -> list[bool]:
+    """Whether each (gradient) tensor holds an inf or a NaN, without copying any: one fused L2-norm reduction on the
+    tensors' device and one copy out (an inf or a NaN makes the norm non-finite); only a tensor whose norm is not
+    finite is looked at again, element by element, since a sum of squares can also overflow on finite values. A
+    DTensor is gathered; a sparse tensor is judged by its stored values."""
+    flags = [False] * len(tensors)
+    judged: list[int] = []
+    values: list[torch.Tensor] = []
+    for index, tensor in enumerate(tensors):
+        if type(tensor) not in (torch.Tensor, torch.nn.Parameter):  # a DTensor, a tensor subclass
+            tensor = gathered(tensor)
+        if tensor.layout == torch.sparse_coo:
+            tensor = tensor._values()
+        elif tensor.layout != torch.strided:
+            tensor = tensor.to_dense()
+        if tensor.numel() and (tensor.is_floating_point() or tensor.is_complex()):
+            judged.append(index)
+            values.append(tensor.detach())
+    if not values:
+        return flags
+    norms = torch._foreach_norm(values)
+    if len({norm.device for norm in norms}) == 1:  # one copy out, not one per tensor
+        finite: list[bool] = torch.isfinite(torch.stack(norms)).tolist()
+    else:
+        finite = [bool(torch.isfinite(norm)) for norm in norms]
+    for index, value, norm_finite in zip(judged, values, finite, strict=True):
+        flags[index] = not norm_finite and not bool(torch.isfinite(value).all())
+    return flags
+
+
 def creates_state(optimizer: torch.optim.Optimizer) -> bool:
     """A `step()` that is not training: torch.distributed.checkpoint's `get_state_dict` and
     `set_state_dict` step an optimizer that has no state yet with zero gradients and a learning

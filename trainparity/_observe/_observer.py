@@ -5,7 +5,8 @@ every one of them on exit, exceptions included:
 
 - optimizer step pre/post hooks (`register_step_pre_hook`): steps per call, the gradients
   and learning rates at the moment of each step (unscaled when an enabled GradScaler has
-  not unscaled them yet, and whether the step took them still scaled), the RNG streams there;
+  not unscaled them yet, and whether the step took them still scaled), the RNG streams there,
+  and (when asked) which of the gradients the step took held an inf or a NaN;
 - tensor hooks on the parameters (optional): the gradient each call back-propagates, before
   anything (clipping, zeroing, the optimizer) touches `.grad`;
 - instance wrappers on `scheduler.step`, `scaler.unscale_`, `scaler.step` (which optimizer steps ran
@@ -47,6 +48,7 @@ from trainparity._observe._hooks import (
     HookSet,
     creates_state,
     grad_copy,
+    nonfinite_flags,
     patch_functions,
     step_closure,
     tensor_norms,
@@ -82,6 +84,9 @@ class Observer(HookSet):
     leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a millisecond).
     `record_grads=False` leaves the step events' gradients and the clip records' gradient samples empty: a caller
     that reads what it needs of the gradients in its step callbacks spares a copy of every gradient per step.
+    `check_finite` names, in each step event, the parameters whose gradient held an inf or a NaN when the step took
+    it (`StepEvent.nonfinite`, one fused reduction per step, no copy), and whether `scaler.step()` told a fused
+    optimizer to skip the update (`StepEvent.told_to_skip`).
 
     What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
     sample of at most about `SAMPLE_ELEMENTS` elements over all parameters, so that observing a
@@ -101,10 +106,12 @@ class Observer(HookSet):
         record_forwards: bool = False,
         fingerprint_rng: bool = True,
         record_grads: bool = True,
+        check_finite: bool = False,
     ) -> None:
         super().__init__()
         self.state = state
         self.record_grads = record_grads
+        self.check_finite = check_finite
         self._rng_fingerprint: Callable[[], str] = rng_fingerprint if fingerprint_rng else str
         self.recipe_type = recipe_type
         self.disable_dropout = disable_dropout
@@ -270,6 +277,7 @@ class Observer(HookSet):
         self._steps_seen += 1
         if self._scaler_step is not None and self._scaler_step.optimizer == entry:
             self._scaler_step.order = self._steps_seen
+        nonfinite = self._nonfinite_grads(entry) if self.check_finite and closure is None else []
         self.step_events[entry].append(StepEvent(
             call=self.call_index,
             grads=grads,
@@ -279,7 +287,29 @@ class Observer(HookSet):
             scale=scale,
             rng=self._rng_fingerprint(),
             order=self._steps_seen,
+            nonfinite=nonfinite,
+            told_to_skip=self.check_finite and self._told_to_skip(entry, optimizer, kwargs, nonfinite),
         ))
+
+    def _nonfinite_grads(self, entry: str) -> list[str]:
+        """The parameters of `entry` whose gradient holds an inf or a NaN now, in param_groups order."""
+        named = [(name, parameter.grad) for name, parameter in self.optimizer_parameters[entry]
+                 if parameter.grad is not None]
+        flags = nonfinite_flags([grad for _, grad in named])
+        return list(dict.fromkeys(name for (name, _), flag in zip(named, flags, strict=True) if flag))
+
+    def _told_to_skip(self, entry: str, optimizer: torch.optim.Optimizer, kwargs: dict[str, Any],
+                      nonfinite: list[str]) -> bool:
+        """Whether the step runs inside `scaler.step()` for this optimizer, which told it to skip the update: a
+        fused optimizer (`_step_supports_amp_scaling`) is always called, with `optimizer.found_inf` set to what the
+        GradScaler's inf check found; one given the scaler itself (`grad_scaler=`) checks on its own, and is taken
+        to skip gradients that are not finite. Any other optimizer is only called when the check found nothing."""
+        if self._scaler_step is None or self._scaler_step.optimizer != entry:
+            return False
+        if "grad_scaler" in kwargs:
+            return bool(nonfinite)
+        found_inf = getattr(optimizer, "found_inf", None)
+        return isinstance(found_inf, torch.Tensor) and bool(found_inf.any())
 
     def _grads(self, entry: str, scale: float | None, index: int) -> dict[str, torch.Tensor | None]:
         if not self.record_grads:
@@ -300,6 +330,8 @@ class Observer(HookSet):
             self._closure_steps.discard(entry)
             event = self.step_events[entry][-1]
             event.grads = self._grads(entry, event.scale if event.scaled else None, len(self.step_events[entry]) - 1)
+            if self.check_finite:
+                event.nonfinite = self._nonfinite_grads(entry)
         self.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1

@@ -46,6 +46,11 @@ class StepEvent:
     rng: str
     #: the order of this step among all optimizers' steps in the run
     order: int
+    #: with `Observer(check_finite=True)`: the parameters whose gradient held an inf or a NaN when the step took it
+    nonfinite: list[str] = dataclasses.field(default_factory=list)
+    #: with `Observer(check_finite=True)`: the step ran inside `scaler.step()`, which told the optimizer (a fused one,
+    #: `optimizer.found_inf`) that its gradients held an inf or a NaN: the optimizer skips the update itself
+    told_to_skip: bool = False
 
 
 @dataclasses.dataclass

@@ -4,7 +4,8 @@ observed steps.
 The run observes `steps` calls of `step()` through the observer's optimizer step hooks and its
 wrappers on the State's enabled `torch.amp.GradScaler` (`unscale_`, `step`, `update`) and on the
 clipping functions. Per call it records the loss, every optimizer step (whether it ran inside
-`scaler.step()`, with gradients still scaled, and which of them were not finite), every
+`scaler.step()`, with gradients still scaled, which of the gradients it took were not finite, read
+in its pre-hook with one fused reduction and no copy, and whether `scaler.step()` told it to skip), every
 `scaler.step()` (the loss scale, whether it skipped the step, the scale `update()` left), every
 clip, the parameters that are not finite afterwards, and what the autocast watch saw
 (`_observe/_autocast.py`, judged in `_autocast.py`). The judgement runs in the parent.
@@ -38,6 +39,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import MixedPrecisionResult
 from trainparity._results._violation import Outcome, Violation, json_safe
 from trainparity._state._entries import state_objects
+from trainparity._validation import check_optional_int
 
 __all__ = ["check_mixed_precision"]
 
@@ -53,13 +55,20 @@ class OptimizerStep:
     order: int
     #: the factor that still multiplied its gradients (None: unscaled, or no GradScaler observed)
     scale: float | None
-    #: the parameters whose gradient held an inf or a NaN
+    #: the parameters whose gradient held an inf or a NaN when the step took it
     nonfinite: list[str]
+    #: inside `scaler.step()`, the GradScaler told the optimizer (a fused one) of an inf: it skipped the update itself
+    told_to_skip: bool = False
 
     @classmethod
     def observe(cls, entry: str, event: StepEvent) -> OptimizerStep:
-        return cls(entry, event.order, event.scale if event.scaled else None,
-                   [name for name, grad in event.grads.items() if grad is not None and nonfinite(grad)])
+        return cls(entry, event.order, event.scale if event.scaled else None, list(event.nonfinite),
+                   event.told_to_skip)
+
+    @property
+    def stepped_nonfinite(self) -> bool:
+        """Whether the optimizer updated its parameters with gradients holding an inf or a NaN."""
+        return bool(self.nonfinite) and not self.told_to_skip
 
 
 @dataclasses.dataclass
@@ -91,15 +100,11 @@ class PrecisionStep:
                    list(data["nonfinite_params"]), data["error"], AutocastUse.from_wire(data["autocast"]))
 
     def taken(self, scaler_step: ScalerStep) -> bool:
-        """Whether the optimizer stepped inside `scaler_step` on finite gradients (an optimizer that unscales
-        itself is called on scaled gradients either way, and skips the update when they are not finite)."""
+        """Whether the optimizer updated its parameters inside `scaler_step`: it was called (an optimizer that
+        unscales itself, fused, is called either way) and not told to skip the update (on finite gradients, or on
+        gradients that became non-finite after the GradScaler's inf check: `nonfinite_grads_stepped`)."""
         inside = next((s for s in self.optimizer_steps if s.order == scaler_step.order), None)
-        return inside is not None and not inside.nonfinite
-
-    def direct(self) -> list[OptimizerStep]:
-        """The optimizer steps taken outside `scaler.step()`."""
-        inside = {s.order for s in self.scaler_steps}
-        return [s for s in self.optimizer_steps if s.order not in inside]
+        return inside is not None and not inside.told_to_skip
 
 
 @dataclasses.dataclass
@@ -153,7 +158,8 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dic
     # The requests are recorded from before setup(), which may make the autocast context that step() enters; the
     # lock (observed_recipe's, reentrant) covers the patch of autocast they make.
     with OBSERVATION_LOCK, RegionRequests() as requests, \
-            observed_recipe(payload, record_contributions=False) as (recipe, observer), \
+            observed_recipe(payload, record_contributions=False, record_grads=False,
+                            check_finite=True) as (recipe, observer), \
             AutocastWatch(observer.state, declared_dtype(type(recipe)), requests) as watch:
         scalers = list(state_objects(observer.state, GradScaler))
 
@@ -185,6 +191,21 @@ def _scale(value: float | None) -> str:
     return "?" if value is None else f"{value:.6g}"
 
 
+def _nonfinite_fix(taken: OptimizerStep, direct: bool, scaler: str | None) -> str:
+    """What would have kept the optimizer step on non-finite gradients from updating the parameters."""
+    if not direct:  # scaler.step() calls an optimizer only when the inf check found nothing, or tells it to skip
+        return (f"GradScaler '{scaler}' found no inf or NaN when it checked them in scaler.unscale_(), and "
+                "scaler.step() trusts that check: they became non-finite after it, between scaler.unscale_() and "
+                "scaler.step() (a division by the norm of an all-zero gradient, say). Keep them finite there (an eps "
+                "in the division).")
+    if scaler is not None and taken.scale is not None:
+        return "scaler.step(optimizer) would have skipped it."
+    if scaler is not None:
+        return ("scaler.step(optimizer) skips a step whose gradients its check in scaler.unscale_() found "
+                "non-finite.")
+    return "skip such steps (an enabled GradScaler's scaler.step() does), or find where they come from."
+
+
 def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]:
     """One call's findings in the order they happen: forward, clipping, optimizer steps, parameters, update."""
     n, found = step.step, []
@@ -204,26 +225,26 @@ def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]
                 f"In step {n}, {clip.function}() clipped gradients that GradScaler '{scaler}' still scaled by "
                 f"{_scale(clip.scale)}: the threshold applied to gradients {_scale(clip.scale)} times too large. "
                 "Call scaler.unscale_(optimizer) before clipping.", step=n, cause="clip_before_unscale"))
-    for direct in step.direct():
-        if scaler is not None:
-            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(direct.scale)} (an update that many "
-                   "times too large)" if direct.scale is not None else "after scaler.unscale_()")
+    inside = {s.order for s in step.scaler_steps}
+    for taken in step.optimizer_steps:
+        direct = taken.order not in inside
+        if direct and scaler is not None:
+            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(taken.scale)} (an update that many "
+                   "times too large)" if taken.scale is not None else "after scaler.unscale_()")
             found.append(Violation(
-                "scaler_step_bypassed", direct.optimizer,
-                f"Optimizer '{direct.optimizer}' stepped in step {n} outside scaler.step(), {how}: steps whose "
+                "scaler_step_bypassed", taken.optimizer,
+                f"Optimizer '{taken.optimizer}' stepped in step {n} outside scaler.step(), {how}: steps whose "
                 "gradients hold an inf or a NaN are not skipped, and the loss scale never adapts. Call "
                 "scaler.step(optimizer) instead of optimizer.step(), then scaler.update().",
                 step=n, cause="scaler_step_bypassed"))
-        if direct.nonfinite:
-            guard = ("scaler.step(optimizer) would have skipped it" if scaler is not None else
-                     "skip such steps (an enabled GradScaler's scaler.step() does), or find where they come from")
+        if taken.stepped_nonfinite:
             found.append(Violation(
-                "nonfinite_grads_stepped", f"gradients.{direct.nonfinite[0]}",
-                f"Optimizer '{direct.optimizer}' stepped in step {n} on gradients holding an inf or a NaN (of "
-                f"{', '.join(direct.nonfinite)}): the parameters it updates become non-finite; {guard}.",
-                step=n, cause="nonfinite_grads_stepped"))
+                "nonfinite_grads_stepped", f"gradients.{taken.nonfinite[0]}",
+                f"Optimizer '{taken.optimizer}' stepped in step {n}{'' if direct else ' inside scaler.step()'} on "
+                f"gradients holding an inf or a NaN (of {', '.join(taken.nonfinite)}): the parameters it updates "
+                f"become non-finite; {_nonfinite_fix(taken, direct, scaler)}", step=n, cause="nonfinite_grads_stepped"))
     # Named by the earliest cause this step shows: the step that consumed non-finite gradients, else the loss.
-    cause = ("nonfinite_grads_stepped" if any(direct.nonfinite for direct in step.direct()) else
+    cause = ("nonfinite_grads_stepped" if any(taken.stepped_nonfinite for taken in step.optimizer_steps) else
              "nonfinite_loss" if not finite_number(step.loss) else "nonfinite_params")
     found += [Violation("nonfinite_params", f"parameters.{name}", f"Parameter '{name}' holds an inf or a NaN after "
                         f"step {n}.", step=n, cause=cause) for name in step.nonfinite_params]
@@ -322,7 +343,8 @@ def check_mixed_precision(
     Observes `steps` calls of `step()` and reports optimizer steps outside `scaler.step()`
     (`scaler_step_bypassed`), a `scaler.step()` that no `scaler.update()` follows
     (`scaler_update_missing`), clipping of still-scaled gradients (`clip_before_unscale`), steps
-    on gradients holding an inf or a NaN (`nonfinite_grads_stepped`), more skipped steps than
+    on gradients holding an inf or a NaN, whatever made them (`nonfinite_grads_stepped`: also inside
+    `scaler.step()`, on gradients made non-finite after `scaler.unscale_()`), more skipped steps than
     `max_skipped_steps` (default: half of the scaler steps; `skipped_steps`, with the loss-scale
     trace), non-finite losses (`nonfinite_loss`) and parameters (`nonfinite_params`). The
     GradScaler is the State's one enabled `torch.amp.GradScaler` (CPU or CUDA). Autocast: an
@@ -331,12 +353,9 @@ def check_mixed_precision(
     enabled region, per module, beyond `max_float32_share` of their FLOPs outside the modules the
     globs of `allow_float32` name (`autocast_bypassed`). `isolation` is "inprocess" (default),
     "process" or "spawn"; `timeout` bounds the whole check (in-process too: the run is interrupted at the
-    deadline). Never raises for a FAIL; misuse raises TypeError/ValueError.
+    deadline). Never raises for a FAIL; misuse raises tp.InvalidArgument (a TypeError and a ValueError).
     """
-    if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int)
-                                          or max_skipped_steps < 0):
-        raise ValueError(f"max_skipped_steps= must be None (half of the scaler steps) or an int >= 0, "
-                         f"got {max_skipped_steps!r}")
+    max_skipped_steps = check_optional_int("max_skipped_steps", max_skipped_steps, 0, "half of the scaler steps")
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
                                   timeout=timeout)
     rules = AutocastRules.validate(declared_dtype(preflight.payload.recipe.recipe_class()), allow_float32,
