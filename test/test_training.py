@@ -14,8 +14,9 @@ import torch
 import training_recipes as recipes
 
 import trainparity as tp
-from trainparity._preflight._training_judge import DEFAULT_BAND
+from trainparity._preflight._training_judge import DEFAULT_BAND, TrainingTrace, Verdicts, judge_training
 from trainparity._recipe._recipe import batch_iterator
+from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._rng import seed_everything
 
 # The faulted recipes step their scheduler before their optimizer on purpose; torch warns about it.
@@ -318,6 +319,9 @@ def test_the_schedule_is_judged_in_this_process_whatever_the_isolation() -> None
     ({"lr_schedule": {"optimizer": 0.1}}, TypeError, r"lr_schedule\['optimizer'\] must be a function"),
     ({"max_skipped_steps": -1}, ValueError, "max_skipped_steps= must be None"),
     ({"isolation": "thread"}, ValueError, "isolation"),
+    ({"max_loss_growth": 1.0}, ValueError, r"max_loss_growth= is how many times its start the loss may reach, > 1"),
+    ({"max_loss_growth": "100"}, TypeError, "max_loss_growth= must be a finite number"),
+    ({"max_loss_growth": True}, TypeError, "max_loss_growth= must be a finite number"),
 ])
 def test_misuse_names_the_fix_before_anything_runs(arguments: dict[str, Any], error: type[Exception],
                                                     message: str) -> None:
@@ -329,3 +333,83 @@ def test_a_schedule_with_a_rate_per_group_of_the_wrong_length() -> None:
     with pytest.raises(ValueError, match=r"lr_schedule\[0\] holds 3 learning rates, but optimizer 'optimizer' has 2 "
                                          r"parameter groups: give one per group, or one float for all"):
         tp.check_training(recipes.Fit, steps=1, lr_schedule=[[0.1, 0.1, 0.1]])
+
+
+# -- the health assertion's defaults (issue 37): no update as large as the weights, no loss 100 times its start ------
+
+
+def test_the_unbounded_health_assertion_fails_adam_at_lr_1e3() -> None:
+    with pytest.raises(AssertionError, match=r"^trainparity training check: FAIL at optimizer.param_groups.0."
+                                             r"update_ratio \(update_too_large, step 1\)") as failed:
+        tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3)
+    assert "2. loss (step 2, kind: loss_diverged, cause: loss_diverged)" in str(failed.value)
+    # Each default on its own, and each turned off or changed.
+    diverged = tp.check_training(recipes.Regression(lr=1e3), steps=3, max_loss_growth=100.0)
+    assert first(diverged) == ("loss_diverged", "loss", 2, "loss_diverged")
+    assert len(diverged.violations) == 1
+    with pytest.raises(AssertionError, match=r"FAIL at loss \(loss_diverged, step 2\)"):
+        tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3, update_ratio=None)
+    with pytest.raises(AssertionError, match=r"FAIL at optimizer.param_groups.0.update_ratio \(update_too_large"):
+        tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3, max_loss_growth=None)
+    assert tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3, update_ratio=None,
+                                      max_loss_growth=1e8).passed
+    assert tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3, update_ratio=(None, 1e4),
+                                      max_loss_growth=None).passed
+
+
+def test_a_healthy_run_passes_the_defaults_with_no_bounds_given() -> None:
+    result = tp.assert_training_healthy(recipes.Regression(), steps=4)
+    assert result.config["update_ratio"] == [None, 1.0] and result.config["max_loss_growth"] == 100.0
+    assert tp.check_training(recipes.Regression(), steps=2).config["max_loss_growth"] is None  # records only
+    assert tp.assert_training_healthy(recipes.Fit(clip=5.0), steps=4).passed
+    assert tp.assert_training_healthy(recipes.Regression(lr=0.1, zero_init=True), steps=3).passed
+
+
+def _trace(losses: list[float | None], ratios: list[float | None] | None = None) -> TrainingTrace:
+    ratios = ratios or [1e-3] * len(losses)
+    return TrainingTrace({"optimizer": 1}, None, [], [TrainingStep(
+        n, loss, [Update("optimizer", False, None, 1.0, None, [], [0.1], [ratio], [1], [0], [0], "w")], [])
+        for n, (loss, ratio) in enumerate(zip(losses, ratios, strict=True), start=1)])
+
+
+def _judged(trace: TrainingTrace, **verdicts: Any) -> tp.TrainingResult:
+    arguments: dict[str, Any] = {"min_decrease": None, "window": None, "overfit": False, "overfit_fraction": 0.1,
+                                 "max_grad_norm": None, "update_ratio": None, "lr_schedule": None,
+                                 "max_skipped_steps": None, **verdicts}
+    validated = Verdicts.validate(steps=len(trace.steps), **arguments)
+    return judge_training(trace, validated.config(), validated)
+
+
+@pytest.mark.parametrize(("losses", "diverged_at"), [
+    ([0.5, 40.0, 49.0], None),  # 98 times its start: within 100
+    ([0.5, 51.0, 2.0], 2),
+    ([0.0, 0.9, 0.5], None),  # a start of about 0 counts as 0.01: the bound is 1
+    ([0.0, 1.5], 2),
+    ([-0.5, -3.0, 45.0], None),  # a negative start: the bound is 100 times its size, above it
+    ([-0.5, -3.0, 51.0], 3),
+    ([None, 0.5, 60.0], 3),  # the first loss returned is the start
+    ([0.5, math.nan, 60.0], 3),  # a non-finite loss is nonfinite's, not compared
+])
+def test_the_growth_of_the_loss_is_judged_against_its_start(losses: list[float | None],
+                                                            diverged_at: int | None) -> None:
+    result = _judged(_trace(losses), max_loss_growth=100.0)
+    found = [v for v in result.violations if v.kind == "loss_diverged"]
+    assert [v.step for v in found] == ([] if diverged_at is None else [diverged_at]), result.report()
+
+
+def test_loss_diverged_is_named_after_an_update_too_large_at_its_step_or_before_and_before_later_ones() -> None:
+    at_one = _judged(_trace([0.5, 30.0, 90.0], [2.0, 0.1, 0.1]), max_loss_growth=100.0, update_ratio=(None, 1.0))
+    assert [(v.kind, v.step) for v in at_one.violations] == [("update_too_large", 1), ("loss_diverged", 3)]
+    later = _judged(_trace([0.5, 80.0, 9.0], [0.1, 0.1, 2.0]), max_loss_growth=10.0, update_ratio=(None, 1.0))
+    assert [(v.kind, v.step) for v in later.violations] == [("loss_diverged", 2), ("update_too_large", 3)]
+    assert "It followed updates" not in later.violations[0].message
+    assert "It followed updates of up to 2 times the parameters' norm (step 1)" in at_one.violations[1].message
+    nothing = _judged(_trace([None, None]), max_loss_growth=100.0)
+    assert nothing.passed and "step() returned no loss" in nothing.notes[0]
+
+
+def test_the_update_after_parameters_all_zero_is_not_held_to_the_upper_bound() -> None:
+    # SGD with momentum from zero weights: the second update is 1.9 times the first, which is all the weights are.
+    result = _judged(_trace([0.5, 0.4, 0.3], [None, 1.9, 0.66]), update_ratio=(None, 1.0))
+    assert result.passed and "was not held to update_ratio's upper bound" in result.report()
+    assert first(_judged(_trace([0.5, 0.4, 0.3], [0.1, 1.9, 0.66]), update_ratio=(None, 1.0)))[0] == "update_too_large"

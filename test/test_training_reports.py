@@ -43,7 +43,7 @@ class TestTrainingReports(tp.TestCase):
         result = tp.check_training(recipes.Fit("lr_zero"), steps=12, min_decrease=0.1)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at loss (loss_not_decreasing, step 12)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=0.1, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('lr_zero')", seed=0, steps=12, update_ratio=None, window=3
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=0.1, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('lr_zero')", seed=0, steps=12, update_ratio=None, window=3
 
 First violation: loss (step 12, kind: loss_not_decreasing, cause: loss_not_decreasing)
   The loss did not decrease over 12 steps: its median over steps 10-12 is 8.131, not below 5.18 (its median over steps 1-3, 5.756, less min_decrease=0.1 of it). No optimizer step changed a parameter (optimizer 'optimizer' group 0: its learning rate is 0).
@@ -58,7 +58,7 @@ Notes:
         result = tp.check_training(recipes.Fit("detached_loss"), steps=30, overfit=True)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at loss (not_overfitting, step 30)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=None, overfit=True, overfit_fraction=0.1, recipe="training_recipes:Fit('detached_loss')", seed=0, steps=30, update_ratio=None, window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=True, overfit_fraction=0.1, recipe="training_recipes:Fit('detached_loss')", seed=0, steps=30, update_ratio=None, window=None
 
 First violation: loss (step 30, kind: not_overfitting, cause: not_overfitting)
   On one batch repeated (the recipe's first) for 30 steps, the loss never fell below 0.1 of its value at step 1 (4.219, target 0.4219): it is 4.219 at step 30, lowest 4.219 at step 1. A model that trains memorizes one batch. No optimizer step changed a parameter (optimizer 'optimizer' group 0: none of its 3 parameters had a gradient (.grad is None): the loss does not reach them, as when it is detached from the model (.detach(), .item(), torch.no_grad(), requires_grad_() on the loss)). Or take more steps.
@@ -69,7 +69,7 @@ First violation: loss (step 30, kind: not_overfitting, cause: not_overfitting)
         result = tp.check_training(recipes.Fit(), steps=30, overfit=True, min_decrease=0.5)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: PASS
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=0.5, overfit=True, overfit_fraction=0.1, recipe='training_recipes:Fit', seed=0, steps=30, update_ratio=None, window=7
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=0.5, overfit=True, overfit_fraction=0.1, recipe='training_recipes:Fit', seed=0, steps=30, update_ratio=None, window=7
 
 Notes:
   - Loss: median 3.266 over steps 1-7, 0.208 over steps 24-30.
@@ -79,7 +79,7 @@ Notes:
         result = tp.check_training(recipes.Fit("frozen_model"), steps=2, update_ratio=True)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at optimizer.param_groups.0.update_ratio (update_too_small, step 1)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('frozen_model')", seed=0, steps=2, update_ratio=[1e-05, 0.1], window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('frozen_model')", seed=0, steps=2, update_ratio=[1e-05, 0.1], window=None
 
 First violation: optimizer.param_groups.0.update_ratio (step 1, kind: update_too_small, cause: update_too_small)
   The update of optimizer 'optimizer' group 0 at step 1 is 0 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), below update_ratio's lower bound 1e-05: all 3 of its parameters have requires_grad=False: they are frozen.
@@ -95,7 +95,7 @@ All violations (2):
         result = tp.check_training(recipes.Fit("lr_too_high"), steps=2, update_ratio=(1e-4, 1e-2))
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at optimizer.param_groups.0.update_ratio (update_too_large, step 1)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('lr_too_high')", seed=0, steps=2, update_ratio=[0.0001, 0.01], window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('lr_too_high')", seed=0, steps=2, update_ratio=[0.0001, 0.01], window=None
 
 First violation: optimizer.param_groups.0.update_ratio (step 1, kind: update_too_large, cause: update_too_large)
   The update of optimizer 'optimizer' group 0 at step 1 is 25.81 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), above update_ratio's upper bound 0.01: a learning rate too high (lr=3.333) for parameters of this scale.
@@ -111,7 +111,7 @@ All violations (2):
         result = tp.check_training(recipes.Fit("scheduler_before_optimizer"), steps=4, lr_schedule=recipes.learning_rate)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at optimizer.param_groups.0.lr (lr_mismatch, step 1)
-config: isolation='inprocess', lr_schedule='learning_rate', max_grad_norm=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('scheduler_before_optimizer')", seed=0, steps=4, update_ratio=None, window=None
+config: isolation='inprocess', lr_schedule='learning_rate', max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('scheduler_before_optimizer')", seed=0, steps=4, update_ratio=None, window=None
 
 First violation: optimizer.param_groups.0.lr (step 1, kind: lr_mismatch, cause: lr_mismatch)
   The learning rate of optimizer 'optimizer' group 0 at step 1 (its optimizer step 1, lr_schedule index 0) is 0.006667, where lr_schedule says 0.003333 (within a relative 1e-06). At every optimizer step the learning rate is the schedule's for the next one: the scheduler runs one step ahead, as when scheduler.step() is called before optimizer.step() (or once more before training starts); call it after optimizer.step(). (Or lr_schedule counts optimizer steps from 1: its index 0 is the first.)
@@ -128,7 +128,7 @@ All violations (2):
         result = tp.check_training(recipes.StaticScale(), steps=3, max_skipped_steps=1)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at scaler.scale (skipped_updates, step 2)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=1, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:StaticScale', seed=0, steps=3, update_ratio=None, window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=1, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:StaticScale', seed=0, steps=3, update_ratio=None, window=None
 
 First violation: scaler.scale (step 2, kind: skipped_updates, cause: skipped_updates)
   GradScaler 'scaler' skipped 3 of 3 optimizer steps (steps 1, 2, 3) because their gradients held an inf or a NaN, at most 1 allowed (max_skipped_steps=1): a skipped step updates nothing. Loss scale at the skipped steps: 16777216 (step 1), 16777216 (step 2), 16777216 (step 3). A scale that never backs off (a static loss scale passed to scaler.update(new_scale)) or a model that overflows at every scale skips every step.
@@ -139,7 +139,7 @@ First violation: scaler.scale (step 2, kind: skipped_updates, cause: skipped_upd
         result = tp.check_training(recipes.Fit(clip=0.5), steps=2, max_grad_norm=2.0)
         self.assertExpectedInline(result.report(), """\
 trainparity training check: FAIL at optimizer.grad_norm (grad_norm_exceeded, step 2)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=2.0, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Fit(clip=0.5)', seed=0, steps=2, update_ratio=None, window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=2.0, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Fit(clip=0.5)', seed=0, steps=2, update_ratio=None, window=None
 
 First violation: optimizer.grad_norm (step 2, kind: grad_norm_exceeded, cause: grad_norm_exceeded)
   The gradient norm of optimizer 'optimizer' at step 2 (the L2 norm of its parameters' gradients together, unscaled, before clipping) is 4.91, above max_grad_norm=2; the largest is 4.weight's. The loop clipped it to 0.5 before the step. Gradients that grow this large explode: a learning rate too high, a loss summed instead of averaged, or an unnormalized input.
@@ -149,7 +149,7 @@ First violation: optimizer.grad_norm (step 2, kind: grad_norm_exceeded, cause: g
     def test_a_nan_in_a_batch(self) -> None:
         self.assertExpectedInline(tp.check_training(recipes.Fit("nan_batch"), steps=4).report(), """\
 trainparity training check: FAIL at loss (nonfinite, step 3)
-config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('nan_batch')", seed=0, steps=4, update_ratio=None, window=None
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('nan_batch')", seed=0, steps=4, update_ratio=None, window=None
 
 First violation: loss (step 3, kind: nonfinite, cause: nonfinite)
   step() returned a non-finite loss (nan) at step 3: the forward pass produced an inf or a NaN.
@@ -161,3 +161,31 @@ All violations (3):
   1. loss (step 3, kind: nonfinite, cause: nonfinite)
   2. gradients.0.weight (step 3, kind: nonfinite, cause: nonfinite)
   3. parameters.0.weight (step 3, kind: nonfinite, cause: nonfinite)""")
+
+    def test_a_loss_that_diverges_under_the_health_defaults(self) -> None:
+        with self.assertRaises(AssertionError) as failed:
+            tp.assert_training_healthy(recipes.Regression(lr=1e3), steps=3)
+        self.assertExpectedInline(str(failed.exception), """\
+trainparity training check: FAIL at optimizer.param_groups.0.update_ratio (update_too_large, step 1)
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=100.0, max_skipped_steps=0, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Regression(lr=1000.0)', seed=0, steps=3, update_ratio=[None, 1.0], window=None
+
+First violation: optimizer.param_groups.0.update_ratio (step 1, kind: update_too_large, cause: update_too_large)
+  The update of optimizer 'optimizer' group 0 at step 1 is 5593 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), above update_ratio's upper bound 1: a learning rate too high (lr=1000) for parameters of this scale.
+  Also at step 3.
+  expected: 1.0
+  actual:   5593.24
+
+All violations (2):
+  1. optimizer.param_groups.0.update_ratio (step 1, kind: update_too_large, cause: update_too_large)
+  2. loss (step 2, kind: loss_diverged, cause: loss_diverged)""")
+        diverged = tp.check_training(recipes.Regression(lr=1e3), steps=3, max_loss_growth=100.0)
+        self.assertExpectedInline(diverged.report(), """\
+trainparity training check: FAIL at loss (loss_diverged, step 2)
+config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=100.0, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Regression(lr=1000.0)', seed=0, steps=3, update_ratio=None, window=None
+
+First violation: loss (step 2, kind: loss_diverged, cause: loss_diverged)
+  The loss diverged: it is 1.032e+07 at step 2, above 51.62 (max_loss_growth=100 times its start, 0.5162 at step 1). It followed updates of up to 5593 times the parameters' norm (step 1): a learning rate too high.
+  Losses at steps 1, 2: 0.5162, 1.032e+07.
+  Also above it at step 3.
+  expected: 51.6181
+  actual:   10317800.0""")

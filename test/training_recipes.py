@@ -217,3 +217,33 @@ class Wide(Fit):
         loss.backward()  # type: ignore[no-untyped-call]
         state.optimizer.step()
         return loss.detach()
+
+
+class Regression(Fit):
+    """A linear regression trained with Adam at `lr` (issue 37: at 1e3 its loss goes from 0.56 to about 4e7 in one
+    step and its weights to about 1000), optionally from zero weights (`zero_init`)."""
+
+    def __init__(self, lr: float = 1e-2, zero_init: bool = False) -> None:
+        super().__init__()
+        self.lr, self.zero_init = lr, zero_init
+
+    def setup(self) -> tp.State:
+        model = nn.Linear(8, 2).double()
+        if self.zero_init:
+            nn.init.zeros_(model.weight)
+            nn.init.zeros_(model.bias)
+        return tp.State(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=self.lr), position=0)
+
+    def batches(self, state: tp.State) -> Iterator[Batch]:
+        while True:
+            features, targets = batch_at(state.position)
+            state.position += 1
+            yield features, targets / 4
+
+    def step(self, state: tp.State, batch: Batch) -> torch.Tensor:
+        features, targets = batch
+        loss = nn.functional.mse_loss(state.model(features), targets)
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        state.optimizer.step()
+        return loss.detach()

@@ -429,21 +429,25 @@ def assert_training_healthy(
     *,
     steps: int = 20,
     max_grad_norm: float | None = None,
-    update_ratio: Band | bool | None = None,
+    update_ratio: Band | bool | None = (None, 1.0),
     lr_schedule: Schedule | Mapping[str, Schedule] | None = None,
     max_skipped_steps: int = 0,
+    max_loss_growth: float | None = 100.0,
     seed: int = 0,
     isolation: Isolation | None = None,
     timeout: float | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> TrainingResult:
-    """`tp.check_training(recipe, max_skipped_steps=0, ...)` as an assertion: nothing non-finite, no step skipped
-    by the GradScaler (beyond `max_skipped_steps`), and the bounds given: `max_grad_norm`, `update_ratio`,
-    `lr_schedule`. The result on PASS, AssertionError with the report otherwise."""
+    """`tp.check_training(recipe, max_skipped_steps=0, update_ratio=(None, 1.0), max_loss_growth=100.0, ...)` as an
+    assertion: nothing non-finite, no step skipped by the GradScaler (beyond `max_skipped_steps`), no update as large
+    as the parameters it changes (`update_too_large` above `update_ratio`'s upper bound 1; True for the band
+    (1e-5, 1e-1), a (low, high) of your own, None: not judged), no loss above 100 times its start (`loss_diverged`;
+    None: not judged), and the bounds given: `max_grad_norm`, `lr_schedule`. The result on PASS, AssertionError with
+    the report otherwise."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
     result = check_training(recipe, steps=steps, seed=seed, isolation=isolation, timeout=timeout,
                             max_grad_norm=max_grad_norm, update_ratio=update_ratio, lr_schedule=lr_schedule,
-                            max_skipped_steps=max_skipped_steps)
+                            max_skipped_steps=max_skipped_steps, max_loss_growth=max_loss_growth)
     return assert_passed(result, msg=msg, abstain=abstain)

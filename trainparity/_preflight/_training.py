@@ -283,6 +283,7 @@ def check_training(
     update_ratio: Band | bool | None = None,
     lr_schedule: Schedule | Mapping[str, Schedule] | None = None,
     max_skipped_steps: int | None = None,
+    max_loss_growth: float | None = None,
 ) -> TrainingResult:
     """Train the recipe `steps` calls of `step()`, observed, and judge the run; `result.table()` shows it.
 
@@ -296,7 +297,10 @@ def check_training(
     `update_too_large` (`update_ratio=(low, high)`, or True for (1e-5, 1e-1) around the classic 1e-3),
     `lr_mismatch` (`lr_schedule`: a function of the optimizer step's index, from 0, or a list; a float, or one per
     parameter group; a mapping from optimizer entries to such schedules), `skipped_updates` (more than
-    `max_skipped_steps` steps skipped by the GradScaler). `isolation` is "inprocess" (default), "process" or
+    `max_skipped_steps` steps skipped by the GradScaler), `loss_diverged` (`max_loss_growth`: a loss above that many
+    times its start, the first loss returned, counted as at least 0.01 in size so that a loss starting at about 0 or
+    below 0 has a scale). `tp.assert_training_healthy` judges `update_ratio=(None, 1.0)` and `max_loss_growth=100.0`
+    unless told otherwise; here every verdict is off unless asked. `isolation` is "inprocess" (default), "process" or
     "spawn"; `timeout` bounds the whole check. Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
@@ -304,7 +308,7 @@ def check_training(
     verdicts = Verdicts.validate(steps=steps, min_decrease=min_decrease, window=window, overfit=overfit,
                                  overfit_fraction=overfit_fraction, max_grad_norm=max_grad_norm,
                                  update_ratio=update_ratio, lr_schedule=lr_schedule,
-                                 max_skipped_steps=max_skipped_steps)
+                                 max_skipped_steps=max_skipped_steps, max_loss_growth=max_loss_growth)
     payload = TrainingPayload(**vars(preflight.payload), overfit=verdicts.overfit)
     preflight = dataclasses.replace(preflight, payload=payload, config={**preflight.config, **verdicts.config()})
     outcome = preflight.run(TASK, TrainingTrace.from_wire)

@@ -3,8 +3,10 @@
 In observation order per call of `step()`: a non-finite loss; per optimizer step, non-finite gradients it stepped on,
 its gradient norm above `max_grad_norm`, learning rates off `lr_schedule`, a GradScaler skip past
 `max_skipped_steps`, ||update|| / ||parameters|| outside `update_ratio`; then non-finite parameters. After the last
-call, the loss: its median over the last `window` calls against the first's (`min_decrease`), or, on one batch
-repeated, whether it fell below `overfit_fraction` of its value at step 1.
+call, the loss: whether it rose above `max_loss_growth` times its start (named in step order among the others: after
+an update too large at the same or an earlier step, which explains it), its median over the last `window` calls
+against the first's (`min_decrease`), or, on one batch repeated, whether it fell below `overfit_fraction` of its value
+at step 1.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ Band: TypeAlias = tuple[float | None, float | None]
 Schedule: TypeAlias = Callable[[int], Any] | Sequence[Any]
 #: `update_ratio=True`: two decades either side of the classic 1e-3
 DEFAULT_BAND: Band = (1e-5, 1e-1)
+#: `assert_training_healthy`'s defaults: no update as large as the weights it changes, no loss 100 times its start
+HEALTH_BAND: Band = (None, 1.0)
+HEALTH_LOSS_GROWTH = 100.0
+#: the loss's start counts as at least this in size when judging its growth (a loss that starts at about 0)
+LOSS_FLOOR = 1e-2
 #: how close a learning rate must be to the schedule's (schedulers compute theirs in other orders)
 LR_RTOL, LR_ATOL = 1e-6, 1e-12
 NO_OPTIMIZER = ("the State holds no optimizer: its steps cannot be observed; put the optimizer in the State "
@@ -137,11 +144,12 @@ class Verdicts:
     update_ratio: Band | None
     lr_schedule: Schedule | dict[str, Schedule] | None
     max_skipped_steps: int | None
+    max_loss_growth: float | None = None
 
     @classmethod
     def validate(cls, *, steps: int, min_decrease: object, window: object, overfit: object, overfit_fraction: object,
                  max_grad_norm: object, update_ratio: object, lr_schedule: object,
-                 max_skipped_steps: object) -> Verdicts:
+                 max_skipped_steps: object, max_loss_growth: object = None) -> Verdicts:
         """Misuse raises TypeError/ValueError naming the fix, before anything runs."""
         decrease = None if min_decrease is None else _number(min_decrease, "min_decrease", "0.1")
         if decrease is not None and not 0 <= decrease < 1:
@@ -181,7 +189,12 @@ class Verdicts:
                 max_skipped_steps, int) or max_skipped_steps < 0):
             raise InvalidArgument(f"max_skipped_steps= must be None (not judged) or an int >= 0, got "
                                   f"{max_skipped_steps!r}")
-        return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, max_skipped_steps)
+        growth = None if max_loss_growth is None else _number(max_loss_growth, "max_loss_growth", "100.0")
+        if growth is not None and growth <= 1:
+            raise InvalidArgument(f"max_loss_growth= is how many times its start the loss may reach, > 1 (100.0: two "
+                                  f"orders of magnitude), or None (not judged), got {max_loss_growth!r}")
+        return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, max_skipped_steps,
+                   growth)
 
     @property
     def optimizer_verdicts(self) -> bool:
@@ -196,7 +209,7 @@ class Verdicts:
                 "update_ratio": None if self.update_ratio is None else list(self.update_ratio),
                 "lr_schedule": None if schedule is None else {k: _described(v) for k, v in schedule.items()}
                 if isinstance(schedule, dict) else _described(schedule),
-                "max_skipped_steps": self.max_skipped_steps}
+                "max_skipped_steps": self.max_skipped_steps, "max_loss_growth": self.max_loss_growth}
 
 
 # -- the judgement ----------------------------------------------------------------------------------------------
@@ -240,6 +253,8 @@ class _Judge:
         self.shifts: dict[str, int | None] = {}
         #: optimizer entry -> the steps whose learning rate is 0 as lr_schedule declares (their update is not judged)
         self.resting: dict[str, list[int]] = {}
+        #: (optimizer entry, group) whose parameters were all zero before its last update (its ratio unmeasurable)
+        self.from_zero: set[tuple[str, int]] = set()
 
     # -- the learning rate ----------------------------------------------------------------------------------
 
@@ -324,7 +339,17 @@ class _Judge:
         declared = self.expected(update.optimizer, index, len(update.lr))
         found = []
         for group, ratio in enumerate(update.update_ratio):
+            grown = (update.optimizer, group) in self.from_zero
+            self.from_zero.discard((update.optimizer, group))
+            if ratio is None and update.parameters[group] and update.lr[group]:
+                self.from_zero.add((update.optimizer, group))  # parameters all zero: the next update is as large
             if ratio is None or not math.isfinite(ratio):
+                continue
+            if grown and high is not None and ratio > high:
+                self.notes.append(f"The update of {_group(update, group)} at step {step} ({number(ratio)} times its "
+                                  "parameters' norm) was not held to update_ratio's upper bound: its parameters were "
+                                  "all zero before its optimizer step before, so that they are about one update "
+                                  "large.")
                 continue
             if declared is not None and declared[group] == 0 and update.lr[group] == 0:
                 self.resting.setdefault(update.optimizer, []).append(step)  # a warmup from 0: as declared
@@ -435,6 +460,47 @@ class _Judge:
                     f"{self.largest_ratio[1]}): a learning rate too high.")
         return ""
 
+    def diverged(self) -> Violation | None:
+        """`loss_diverged`: the first step whose loss is above `max_loss_growth` times its start (the first loss
+        returned, counted as at least LOSS_FLOOR in size)."""
+        growth, steps = self.verdicts.max_loss_growth, self.trace.steps
+        if growth is None or not steps:
+            return None
+        losses = [(step.step, step.loss) for step in steps if step.loss is not None]
+        if not losses:
+            self.notes.append(f"step() returned no loss: whether it diverged (max_loss_growth={number(growth)}) was "
+                              "not judged.")
+            return None
+        (begin, start), later = losses[0], [(at, loss) for at, loss in losses[1:] if math.isfinite(loss)]
+        if not math.isfinite(start):
+            return None  # the nonfinite violation says why
+        threshold = growth * max(abs(start), LOSS_FLOOR)
+        above = [(at, loss) for at, loss in later if loss > threshold]
+        if not above:
+            if later:
+                at, peak = max(later, key=lambda item: item[1])
+                self.notes.append(f"Loss: at most {number(peak)} (step {at}), below max_loss_growth="
+                                  f"{number(growth)} times its start {number(start)} (step {begin}).")
+            return None
+        at, loss = above[0]
+        before = [(ratio, s.step) for s in steps if s.step < at for u in s.updates if not u.skipped
+                  for ratio in u.update_ratio if ratio is not None and math.isfinite(ratio)]
+        largest = max(before, default=None)
+        why = (f"It followed updates of up to {number(largest[0])} times the parameters' norm (step {largest[1]}): a "
+               "learning rate too high." if largest is not None and largest[0] > 1 else
+               "A learning rate too high, gradients that explode unclipped, or batches on another scale than the "
+               "first make a loss diverge.")
+        shown = [(s, v) for s, v in losses if s <= at][-6:]
+        also = f"\nAlso above it at {steps_text([s for s, _ in above[1:11]])}{', ...' if len(above) > 11 else ''}." \
+            if len(above) > 1 else ""
+        floor = f", counted as {number(LOSS_FLOOR)} in size" if abs(start) < LOSS_FLOOR else ""
+        return Violation(
+            "loss_diverged", "loss",
+            f"The loss diverged: it is {number(loss)} at step {at}, above {number(threshold)} (max_loss_growth="
+            f"{number(growth)} times its start, {number(start)} at step {begin}{floor}). {why}\nLosses at "
+            f"{steps_text([s for s, _ in shown])}: {', '.join(number(v) for _, v in shown)}.{also}", step=at,
+            expected=threshold, actual=loss, cause="loss_diverged")
+
     def loss(self) -> list[Violation]:
         verdicts, steps = self.verdicts, self.trace.steps
         if verdicts.min_decrease is None and not verdicts.overfit:
@@ -529,6 +595,12 @@ def judge_training(trace: TrainingTrace, config: dict[str, JsonValue], verdicts:
     for step in trace.steps:
         found += judge.call(step)
     violations = once_per_path(found)
+    diverged = judge.diverged()
+    if diverged is not None:  # after what happened at its step or before it (an update too large explains it)
+        assert diverged.step is not None
+        at = next((i for i, v in enumerate(violations) if v.step is not None and v.step > diverged.step),
+                  len(violations))
+        violations.insert(at, diverged)
     violations += judge.loss()
     judge.summary()
     if verdicts.update_ratio is not None and verdicts.update_ratio[0] is not None:
