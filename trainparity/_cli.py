@@ -254,7 +254,7 @@ def _run_training(args: argparse.Namespace, spec: Spec, _recipe: object) -> Resu
                           min_decrease=args.min_decrease, window=args.window, overfit=args.overfit,
                           overfit_fraction=args.overfit_fraction, max_grad_norm=args.max_grad_norm,
                           update_ratio=args.update_ratio, lr_schedule=schedule,
-                          max_skipped_steps=args.max_skipped_steps)
+                          max_skipped_steps=args.max_skipped_steps, max_loss_growth=args.max_loss_growth)
 
 
 def _run_coverage(args: argparse.Namespace, spec: Spec, returned: object) -> Result:
@@ -447,6 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
              "function of the step's index from 0 (default: not judged)")
     add("--max-skipped-steps", type=int, metavar="N",
         help="judge skipped_updates: more than N optimizer steps skipped by the GradScaler (default: not judged)")
+    add("--max-loss-growth", type=float, metavar="G",
+        help="judge loss_diverged: a loss above G times its start (at least 0.01), e.g. 100 (default: not judged)")
 
     script = commands.add_parser(
         "resume-script", help="resume equivalence of an unmodified training script, run as real processes",
