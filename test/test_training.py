@@ -14,7 +14,8 @@ import torch
 import training_recipes as recipes
 
 import trainparity as tp
-from trainparity._preflight._training_judge import DEFAULT_BAND, TrainingTrace, Verdicts, judge_training
+from trainparity._preflight._training_judge import TrainingTrace, judge_training
+from trainparity._preflight._training_verdicts import DEFAULT_BAND, Verdicts
 from trainparity._recipe._recipe import batch_iterator
 from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._rng import seed_everything

@@ -33,7 +33,7 @@ from trainparity._preflight import (
     check_train_mode,
     check_training,
 )
-from trainparity._preflight._training_judge import Band, Schedule
+from trainparity._preflight._training_verdicts import Band, Schedule
 from trainparity._process._options import Isolation
 from trainparity._process._session import Precision
 from trainparity._recipe._reference import RecipeSpec

@@ -352,8 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     resume.add_argument("--resume-world-size", type=int, metavar="N",
                         help="ranks of the resumed run (default: --world-size)")
-    resume.add_argument("--backend", help="torch.distributed backend: gloo (CPU) or nccl "
-                        "(default: gloo)")
+    resume.add_argument("--backend", help="torch.distributed backend: gloo (CPU) or nccl (default: gloo)")
     _precision_option(resume, "default when the world size changes; else native")
 
     accumulation = _command(commands, "accumulation", "accumulation equivalence: k micro-batches of accumulation "
@@ -510,8 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--epochs", type=int, help="epochs of the loader iterated (default: %(default)s)")
     add("--batches", type=int, metavar="N", help="batches per epoch (default: whole epochs)")
     add("--timeout", type=float, metavar="S",
-        help="seconds the whole check may take before it ends in ERROR and its workers are killed (default: no "
-             "limit)")
+        help="seconds the whole check may take before it ends in ERROR and its workers are killed (default: no limit)")
     return parser
 
 

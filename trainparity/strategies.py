@@ -132,8 +132,7 @@ def sampler_configs(
     """
     if not 0 <= min_dataset_size <= max_dataset_size:
         raise InvalidArgument(f"sampler_configs() needs 0 <= min_dataset_size <= max_dataset_size, got "
-                              f"{min_dataset_size}"
-                              f" and {max_dataset_size}")
+                              f"{min_dataset_size} and {max_dataset_size}")
     if not 1 <= min_epochs <= max_epochs:
         raise InvalidArgument(f"sampler_configs() needs 1 <= min_epochs <= max_epochs, got {min_epochs} and "
                               f"{max_epochs}")

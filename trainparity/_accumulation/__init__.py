@@ -56,9 +56,8 @@ def _require_accumulation_parameter(recipe: object, ref: RecipeRef) -> None:
         if any(p.name == "accumulation_steps" or p.kind is p.VAR_KEYWORD for p in parameters):
             return
     raise InvalidArgument(
-                          f"{ref.name} takes no accumulation_steps parameter: give its __init__ `accumulation_steps: "
-                          f"int = 1` "
-                          "and make step() step the optimizer once every accumulation_steps calls"
+        f"{ref.name} takes no accumulation_steps parameter: give its __init__ `accumulation_steps: int = 1` "
+        "and make step() step the optimizer once every accumulation_steps calls"
     )
 
 
@@ -83,9 +82,8 @@ def _validate(cycles: object, seed: object, split: object, isolation: str, disab
         raise InvalidArgument(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
     if split is not None and isolation != "inprocess" and _split_reference(split) is None:
         raise InvalidArgument(
-                              f"split= must be a function defined at module level in an importable module to reach a "
-                              f"fresh process "
-                              f"(isolation={isolation!r}), got {split!r}"
+            f"split= must be a function defined at module level in an importable module to reach a "
+            f"fresh process (isolation={isolation!r}), got {split!r}"
         )
     if not isinstance(disable_dropout, bool):
         raise InvalidArgument(f"disable_dropout= must be True or False, got {disable_dropout!r}")

@@ -185,15 +185,14 @@ def validate_microbatches(microbatches: object) -> Microbatches:
     if isinstance(microbatches, int):
         if microbatches < 2:
             raise InvalidArgument(
-                                  f"microbatches= must be at least 2, got {microbatches}: with one micro-batch the "
-                                  f"candidate "
-                                  "is the reference itself"
+                f"microbatches= must be at least 2, got {microbatches}: with one micro-batch the candidate "
+                "is the reference itself"
             )
         return microbatches
     if isinstance(microbatches, (str, bytes)) or not isinstance(microbatches, Sequence):
         raise InvalidArgument(
-                              "microbatches= must be an int (equal split) or a sequence of sizes such as (3, 3, 2), "
-                              f"got {type(microbatches).__name__}"
+            "microbatches= must be an int (equal split) or a sequence of sizes such as (3, 3, 2), "
+            f"got {type(microbatches).__name__}"
         )
     sizes = tuple(microbatches)
     if len(sizes) < 2:

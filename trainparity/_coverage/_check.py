@@ -146,10 +146,8 @@ def _windows(ranks: object) -> list[Window]:
         windows: list[Window] = [(0, ranks)]
     elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
         raise InvalidArgument("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one "
-                              "per "
-                              "epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a "
-                              "tp.CoverageRecorder, "
-                              f"got {type(ranks).__name__}")
+                              "per epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a "
+                              f"tp.CoverageRecorder, got {type(ranks).__name__}")
     else:
         items = list(ranks)
         if not items:
@@ -165,8 +163,7 @@ def _windows(ranks: object) -> list[Window]:
                 epoch, mapping = item
                 if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
                     raise InvalidArgument(f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) with "
-                                          f"an "
-                                          f"epoch int >= 0, got the epoch {epoch!r}")
+                                          f"an epoch int >= 0, got the epoch {epoch!r}")
                 windows.append((int(epoch), mapping))
             done = set()
             for index, (epoch, _) in enumerate(windows):

@@ -96,8 +96,7 @@ def _validated_universe(universe: object, policy: str) -> UniverseLike:
                               f"pass range({universe}) for the IDs 0..{int(universe) - 1}")
     if isinstance(universe, (str, bytes)) or not isinstance(universe, Iterable):
         raise InvalidArgument(f"{policy}(universe) takes a collection of IDs (range, list, set, array, tensor) or "
-                              f"None, "
-                              f"got {type(universe).__name__}")
+                              f"None, got {type(universe).__name__}")
     # A one-shot iterator's IDs are kept for reuse; a mapping's IDs are its keys.
     if iter(universe) is universe or not isinstance(universe, Sized) or isinstance(universe, Mapping):
         return list(universe)
@@ -116,11 +115,9 @@ def resolve_policies(policy: object) -> list[CoveragePolicy]:
                                   f"({'' if not item.needs_universe else 'range(n)'})")
         if not isinstance(item, CoveragePolicy):
             raise InvalidArgument(
-                                  "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), "
-                                  "tp.NoCrossRankOverlap(), "
-                                  f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of "
-                                  f"them, "
-                                  f"got {type(item).__name__}"
+                "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), "
+                f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of "
+                f"them, got {type(item).__name__}"
             )
         policies.append(item)
     return policies

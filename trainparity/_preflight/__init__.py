@@ -8,7 +8,8 @@
 - `check_train_mode` (`_train_mode.py`): modules that depend on their mode train in train mode, evaluations leave
   the training alone;
 - `check_training` (`_training.py`): the run's telemetry per step (loss, gradient norm, update size, learning
-  rates, skipped steps, non-finite values) and the verdicts asked of it (`_training_judge.py`).
+  rates, skipped steps, non-finite values), the verdicts asked of it (`_training_verdicts.py`) and their judgement
+  (`_training_judge.py`).
 
 Each sets the recipe up from the seed and observes its `step()` calls through the one observer of
 optimizer steps (`_run.py`, `_observe/_observer.py: Observer`), in-process by default; the run returns a typed

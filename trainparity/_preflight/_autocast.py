@@ -39,8 +39,7 @@ def declared_dtype(recipe_type: type) -> torch.dtype | None:
         return None
     if not isinstance(declared, torch.dtype) or not declared.is_floating_point or declared.itemsize >= 4:
         raise InvalidArgument(f"{recipe_type.__name__}.autocast_dtype must be None or the low dtype autocast should "
-                              f"run "
-                              f"matmuls in (torch.bfloat16 or torch.float16), got {declared!r}")
+                              f"run matmuls in (torch.bfloat16 or torch.float16), got {declared!r}")
     return declared
 
 
@@ -66,8 +65,7 @@ class AutocastRules:
         if isinstance(max_float32_share, bool) or not isinstance(max_float32_share, (int, float)) \
                 or not 0.0 <= max_float32_share <= 1.0:
             raise InvalidArgument("max_float32_share= must be a number in [0, 1] (the share of the FLOPs inside "
-                                  "autocast "
-                                  f"regions that may run in float32), got {max_float32_share!r}")
+                                  f"autocast regions that may run in float32), got {max_float32_share!r}")
         return cls(None if declared is None else str(declared), globs, float(max_float32_share))
 
     def config(self) -> dict[str, Any]:

@@ -201,8 +201,7 @@ def _nonfinite_fix(taken: OptimizerStep, direct: bool, scaler: str | None) -> st
     if scaler is not None and taken.scale is not None:
         return "scaler.step(optimizer) would have skipped it."
     if scaler is not None:
-        return ("scaler.step(optimizer) skips a step whose gradients its check in scaler.unscale_() found "
-                "non-finite.")
+        return ("scaler.step(optimizer) skips a step whose gradients its check in scaler.unscale_() found non-finite.")
     return "skip such steps (an enabled GradScaler's scaler.step() does), or find where they come from."
 
 

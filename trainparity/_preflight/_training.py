@@ -25,7 +25,8 @@ from trainparity._observe._hooks import tensor_norms
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import CallRecord, Clip, StepEvent
 from trainparity._preflight._run import Call, Preflight, PreflightPayload, nonfinite, observed_calls, observed_recipe
-from trainparity._preflight._training_judge import Band, Schedule, TrainingTrace, Verdicts, judge_training
+from trainparity._preflight._training_judge import TrainingTrace, judge_training
+from trainparity._preflight._training_verdicts import Band, Schedule, Verdicts
 from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec

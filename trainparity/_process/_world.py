@@ -40,9 +40,8 @@ def validate_backend(backend: object, world_size: int) -> str:
         raise InvalidArgument(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
         raise InvalidArgument(
-                              f"backend='nccl' needs one GPU per rank: world_size={world_size}, "
-                              f"{torch.cuda.device_count()} visible; "
-                              "lower world_size or use backend='gloo'"
+            f"backend='nccl' needs one GPU per rank: world_size={world_size}, {torch.cuda.device_count()} visible; "
+            "lower world_size or use backend='gloo'"
         )
     return backend
 

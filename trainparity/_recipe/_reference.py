@@ -114,27 +114,24 @@ def resolve_recipe(recipe: object) -> RecipeRef:
         args, kwargs = recipe._tp_init_args
         return _reference(type(recipe), args, kwargs)
     raise InvalidArgument(
-                          "recipe must be a tp.Recipe subclass, an instance of one, or a 'package.module:ClassName' "
-                          "string, "
-                          f"got {type(recipe).__name__}"
+        "recipe must be a tp.Recipe subclass, an instance of one, or a 'package.module:ClassName' string, "
+        f"got {type(recipe).__name__}"
     )
 
 
 def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecipeRef:
     if "<locals>" in cls.__qualname__:
         raise InvalidArgument(
-                              f"recipe {cls.__qualname__} is defined inside a function; define it at module level so a "
-                              "fresh process can import it"
+            f"recipe {cls.__qualname__} is defined inside a function; define it at module level so a "
+            "fresh process can import it"
         )
     try:
         arguments = pickle.dumps((args, kwargs))
     except Exception as error:
         raise InvalidArgument(
-                              f"the constructor arguments of {cls.__qualname__} must be picklable: every run of a "
-                              f"check builds the "
-                              f"recipe anew from them, in a fresh process or (isolation='inprocess') in this one (a "
-                              f"lambda or a "
-                              f"closure does not pickle: pass a module-level function): {error}"
+            f"the constructor arguments of {cls.__qualname__} must be picklable: every run of a check builds the "
+            f"recipe anew from them, in a fresh process or (isolation='inprocess') in this one (a "
+            f"lambda or a closure does not pickle: pass a module-level function): {error}"
         ) from error
     module = cls.__module__
     file = module_file(sys.modules.get(module))
@@ -147,8 +144,7 @@ def _reference(cls: type[Recipe[Any]], args: tuple[Any, ...], kwargs: dict[str, 
             module = MAIN_ALIAS  # the script is executed again under another name: its main block stays idle
         else:
             raise InvalidArgument(
-                                  f"recipe {cls.__qualname__} is defined in an interactive session; define it in a "
-                                  f"module "
-                                  "so a fresh process can import it"
+                f"recipe {cls.__qualname__} is defined in an interactive session; define it in a module "
+                "so a fresh process can import it"
             )
     return RecipeRef(module, cls.__qualname__, file, arguments, from_main=cls.__module__ == "__main__")

@@ -103,13 +103,10 @@ def check_resume(
         recipe_class = ref.recipe_class()
         if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
             raise InvalidArgument(
-                                  f"resume_world_size={resume_world_size} != world_size={world_size} needs "
-                                  f"{recipe_class.__name__}'s "
-                                  "own save() and load() (for example with torch.distributed.checkpoint): the default "
-                                  "tp.save_state "
-                                  "file of each rank holds that rank's loader position and RNG state, which another "
-                                  "number of ranks "
-                                  "splits otherwise")
+                f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
+                "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
+                "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
+                "splits otherwise")
     backend = validate_backend(backend, max(world_size, resume_world_size))
     if precision is None and world_size == resume_world_size:
         precision = "native"
@@ -133,9 +130,9 @@ def check_resume(
     with scratch_directory("trainparity-checkpoint-") as checkpoint_dir:
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
         run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
-                           digests=isinstance(judged, ExactComparison), precision=precision)
+                digests=isinstance(judged, ExactComparison), precision=precision)
         runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
-                     (world_size, resume_world_size) if ranked else (0, 0))
+                (world_size, resume_world_size) if ranked else (0, 0))
         # The resumed run needs only the interrupted one: it starts as soon as that has saved,
         # while the baselines run beside them.
         traces, failed = runs.run([

@@ -78,8 +78,8 @@ def resolve_comparison(comparison: object) -> Comparison:
     if isinstance(comparison, (ExactComparison, ToleranceComparison)):
         return comparison
     raise InvalidArgument(
-                          "comparison= must be tp.ExactComparison() or tp.ToleranceComparison(rtol=..., atol=...), "
-                          f"got {type(comparison).__name__}; tolerances are declared, never inferred"
+        "comparison= must be tp.ExactComparison() or tp.ToleranceComparison(rtol=..., atol=...), "
+        f"got {type(comparison).__name__}; tolerances are declared, never inferred"
     )
 
 

@@ -47,8 +47,7 @@ def _validate(loader: object, epochs: object, batches: object) -> DataLoader[Any
     if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
         raise InvalidArgument("loader= already has persistent workers running (it was iterated before): the check must "
                               "start the workers itself to record inside them; pass a loader that has not been "
-                              "iterated "
-                              "(a new one from the function that builds it)")
+                              "iterated (a new one from the function that builds it)")
     return loader
 
 
