@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainparity._state._containers import container_values, is_container
+from trainparity._state._containers import container_values, is_container, is_dataclass_instance
 from trainparity._state._rng import stream_kind
 from trainparity._validation import InvalidArgument
 
@@ -80,12 +80,18 @@ def is_leaf(value: Any) -> bool:
 def is_plain(value: Any, enclosing: frozenset[int] = frozenset()) -> bool:
     """Leaves and containers of leaves (any keys; a container may hold itself): what a plain attribute may
     hold to be state."""
-    if is_container(value):
+    if is_container(value) and not is_dataclass_instance(value):  # a dataclass held by a module is configuration
         if id(value) in enclosing:
             return True  # a back-reference: the snapshot shows it as such
         inside = enclosing | {id(value)}
         return all(is_plain(v, inside) for v in container_values(value))
     return is_leaf(value) and not isinstance(value, torch.Generator)
+
+
+def plain_dataclass(value: Any) -> bool:
+    """A dataclass instance of plain fields: state where the State holds it (a module's config dataclass, such as a
+    transformers model's, is configuration: not among a module's plain attributes)."""
+    return is_dataclass_instance(value) and all(is_plain(item) for item in container_values(value))
 
 
 def is_stream(value: Any) -> bool:
@@ -271,7 +277,7 @@ def entry_components(name: str, value: Any, names: dict[int, str],
             yield f"{name}.{attribute}", attr_value
     elif has_state_dict(value):
         yield name, value.state_dict()
-    elif is_plain(value) or is_stream(value):
+    elif is_plain(value) or is_stream(value) or plain_dataclass(value):
         yield name, value
     elif isinstance(value, (list, tuple)) and id(value) not in enclosing:  # e.g. a list of models or optimizers
         for index, item in enumerate(value):
