@@ -30,10 +30,12 @@ class TestLanguageModel(tp.TestCase):
     def test_updates_are_healthy_and_follow_the_cosine_schedule(self) -> None:
         result = self.assertTrainingHealthy(CausalLM, steps=12, max_grad_norm=3.0, update_ratio=BAND,
                                             lr_schedule=lm_learning_rate)
-        # transformers' warmup starts from a learning rate of 0: declared, so its first step's update is not judged
-        self.assertEqual(result.notes, [
+        # transformers' warmup starts from a learning rate of 0: declared, so its first step's update is not judged;
+        # the health assertion also says how far the loss stayed from its default divergence bound
+        self.assertEqual(result.notes[1:], [
             "The update ratio of optimizer 'optimizer' was not judged at step 1: lr_schedule declares a learning rate "
             "of 0 there."])
+        self.assertRegex(result.notes[0], r"^Loss: at most [0-9.]+ \(step [0-9]+\), below max_loss_growth=100 times")
         self.assertEqual(result.telemetry[0].updates[0].update_ratio, [0.0, 0.0])
 
 
