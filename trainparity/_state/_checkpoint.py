@@ -27,6 +27,7 @@ from trainparity._state._containers import (
     reference,
     resolve,
     set_items,
+    shown_name,
 )
 from trainparity._state._entries import (
     State,
@@ -86,9 +87,9 @@ def _storable_container(value: Any, memo: dict[int, Any]) -> dict[str, Any]:
     memo[id(value)] = stored
     if isinstance(value, dict):
         stored["items"] = _to_storable(dict(value), memo)
-        if isinstance(value, collections.defaultdict):
+        if isinstance(value, collections.defaultdict) and value.default_factory is not None:
             factory = value.default_factory
-            stored["factory"] = None if factory is None else reference(factory) or container_kind(value)
+            stored["factory"] = {"reference": reference(factory), "name": shown_name(factory)}
     elif isinstance(value, (set, frozenset)):
         stored["items"] = [_to_storable(item, memo) for item in set_items(value)]
     elif is_dataclass_instance(value):
@@ -113,7 +114,7 @@ def _container_from_storable(value: dict[str, Any], memo: dict[int, Any], like: 
     if issubclass(cls, dict):
         items = _from_storable(stored, memo, like)
         if issubclass(cls, collections.defaultdict):
-            return cls(_factory(value["factory"], like), items)
+            return cls(_factory(value.get("factory"), like), items)
         return cls(items)
     if issubclass(cls, (set, frozenset)):
         return cls(_from_storable(item, memo) for item in stored)
@@ -129,17 +130,18 @@ def _container_from_storable(value: dict[str, Any], memo: dict[int, Any], like: 
     return build(*items) if issubclass(cls, tuple) and hasattr(cls, "_fields") else build(items)
 
 
-def _factory(stored: str | None, like: Any) -> Any:
-    """A defaultdict's factory: imported by reference, else (a lambda, a local function) the fresh State's."""
+def _factory(stored: dict[str, str | None] | None, like: Any) -> Any:
+    """A defaultdict's factory: imported by reference, else (a lambda, a local function) the fresh State's one of
+    the same name."""
     if stored is None:
         return None
     own = like.default_factory if isinstance(like, collections.defaultdict) else None
-    factory = resolve(stored, own) if ":" in stored else None
-    if factory is None and own is not None and own.__qualname__ in stored:
+    factory = resolve(stored["reference"], own)
+    if factory is None and own is not None and shown_name(own) == stored["name"]:
         factory = own
     if not callable(factory):
-        raise ValueError(f"tp.load_state() cannot rebuild a {stored}: its factory cannot be imported and the State "
-                         "that setup() returns holds no defaultdict with it in its place")
+        raise ValueError(f"tp.load_state() cannot rebuild a defaultdict({stored['name']}): its factory cannot be "
+                         "imported and the State that setup() returns holds no defaultdict with it in its place")
     return factory
 
 

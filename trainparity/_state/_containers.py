@@ -62,16 +62,17 @@ def resolve(ref: str | None, like: Any = None) -> Any:
     if like is not None and reference(like) == ref:
         return like
     module_name, _, qualname = ref.partition(":")
-    try:
+    try:  # not _recipe._modules.import_attribute: the State walk sits below the recipe machinery (an import circle)
         found: Any = importlib.import_module(module_name)
-        for name in qualname.split("."):
-            found = getattr(found, name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
     except (ImportError, AttributeError):
         return None
     return found
 
 
-def _name(obj: Any) -> str:
+def shown_name(obj: Any) -> str:
+    """A class's or function's name as reports show it (builtins and collections without their module)."""
     module, qualname = getattr(obj, "__module__", ""), getattr(obj, "__qualname__", repr(obj))
     return qualname if module in ("builtins", "collections") else f"{module}.{qualname}"
 
@@ -85,12 +86,12 @@ def container_kind(value: Any) -> str | None:
         return f"deque(maxlen={value.maxlen})"
     if isinstance(value, collections.defaultdict):
         factory = value.default_factory
-        return f"defaultdict({'None' if factory is None else _name(factory)})"
+        return f"defaultdict({'None' if factory is None else shown_name(factory)})"
     if is_namedtuple(value):
-        return f"namedtuple {_name(type(value))}"
+        return f"namedtuple {shown_name(type(value))}"
     if is_dataclass_instance(value):
-        return f"dataclass {_name(type(value))}"
-    return _name(type(value))
+        return f"dataclass {shown_name(type(value))}"
+    return shown_name(type(value))
 
 
 def canonical_text(item: Any) -> str:
