@@ -55,13 +55,16 @@ def _secret_in_temporary_files() -> bool:
     secret = os.environ.get(SECRET_VARIABLE, "").encode()
     if not secret:
         return False
+    # Other checks' scratch directories come and go while this walks them: os.walk skips
+    # a directory that vanished (rglob raised FileNotFoundError from a parallel job).
     for directory in pathlib.Path(tempfile.gettempdir()).glob("trainparity-*"):
-        for path in directory.rglob("*"):
-            try:
-                if path.is_file() and secret in path.read_bytes():
-                    return True
-            except OSError:
-                continue
+        for root, _, names in os.walk(directory):
+            for name in names:
+                try:
+                    if secret in (pathlib.Path(root) / name).read_bytes():
+                        return True
+                except OSError:
+                    continue
     return False
 
 
