@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import subprocess
@@ -16,6 +17,8 @@ from process_helpers import still_running
 from resume_recipes import ResumeRecipe
 
 import trainparity as tp
+from trainparity._recipe._reference import resolve_recipe
+from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 
 pytestmark = pytest.mark.exact
 
@@ -83,6 +86,27 @@ def test_state_difference_fails_even_when_losses_agree() -> None:
     assert result.outcome is tp.Outcome.FAIL
     assert {v.kind for v in result.violations} == {"state_mismatch"}
     assert {v.path for v in result.violations} == {"ema"}
+
+
+def test_a_failing_check_names_each_step_a_state_path_differs_at() -> None:
+    """The first runs snapshot the State at the save, the load and the end only; a FAIL is judged again on
+    runs that snapshot it after every step, so the steps between the load and the end are named too."""
+    result = tp.check_resume(ResumeRecipe(fault="ema"), steps=6, resume_at=3, timeout=60)
+    assert [(v.step, v.path, v.cause) for v in result.violations] == [
+        (3, "ema", "not_restored"), (4, "ema", None), (5, "ema", None), (6, "ema", None)], result.report()
+
+
+def test_the_runs_of_a_check_snapshot_the_state_only_where_asked(tmp_path: pathlib.Path) -> None:
+    """`states_at` leaves the State out of the other steps' records, never their RNG streams, samples or loss."""
+    payload = TrainPayload(resolve_recipe(ResumeRecipe()), 0, 1, 4, str(tmp_path / "checkpoint"), save=True,
+                           digests=True, states_at=frozenset({2, 4}))
+    trace = RunTrace.from_wire(train_run(payload, tmp_path))
+    assert [bool(record.state) for record in trace.steps] == [False, True, False, True]
+    assert all(record.rng and record.loss is not None and record.sample_ids for record in trace.steps)
+    assert trace.saved is not None and trace.saved.state
+    every = RunTrace.from_wire(train_run(dataclasses.replace(payload, states_at=None), tmp_path))
+    assert all(record.state for record in every.steps)
+    assert every.steps[1].state.keys() == trace.steps[1].state.keys()
 
 
 def test_unrestored_stream_that_changes_nothing_is_a_note() -> None:

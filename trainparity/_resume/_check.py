@@ -2,10 +2,11 @@
 
 Runs (each in a fresh process): two uninterrupted baselines and the interrupted run that
 trains to `resume_at` and saves, concurrently; then the resumed run that loads and trains
-the rest. Judgement, in observation order: the State right after `load` against the State
-right after `save` (cause `not_restored`), then per resumed step the RNG streams at the
-start of the step, the batch's sample IDs, the loss and the State after the step against
-the baseline.
+the rest. These snapshot the State at the save, the load and the end; a check they do not
+PASS runs again with a snapshot after every step, and its report is judged on those. Judgement,
+in observation order: the State right after `load` against the State right after `save` (cause
+`not_restored`), then per resumed step the RNG streams at the start of the step, the batch's
+sample IDs, the loss and the State after the step against the baseline.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from trainparity._process._world import World, validate_backend, world_isolation
 from trainparity._recipe._recipe import Recipe
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import ResumeResult
-from trainparity._results._violation import ChildError
+from trainparity._results._violation import ChildError, Outcome
 from trainparity._resume._judge import judge_resume
 from trainparity._resume._ranks import align, merge_ranks, own_path, replicated_paths
 from trainparity._resume._trace import RunTrace, TrainPayload, Whole
@@ -131,25 +132,35 @@ def check_resume(
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
         run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
                 digests=isinstance(judged, ExactComparison), precision=precision)
-        runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
-                (world_size, resume_world_size) if ranked else (0, 0))
-        # The resumed run needs only the interrupted one: it starts as soon as that has saved,
-        # while the baselines run beside them.
-        traces, failed = runs.run([
-            _Run("interrupted", dataclasses.replace(run, last=resume_at, save=True)),
-            _Run("baseline", run),
-            _Run("resumed", dataclasses.replace(run, first=resume_at + 1, load=True), resumed=True, after=0),
-            _Run("baseline (repeat)", run),
-        ])
-        if failed is not None:
-            assert failed.error is not None
-            result = ResumeResult.errored(failed.error, config, failed.exception)
-            hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
-            if hint is not None:
-                result.notes.append(hint)
-            return result
-        interrupted, baseline, resumed, repeat = traces
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
+        # A PASS needs the State only where the runs meet (the save, the load, the end) beside every step's RNG
+        # streams, samples and loss, and hashing the State of a large model after every step doubles the check's
+        # cost. Anything but a PASS is judged again on runs that snapshot every step, so that the report names
+        # the first step and path that diverged.
+        sparse = dataclasses.replace(run, states_at=frozenset({resume_at, steps}))
+        started = 0
+        for payload in (sparse, dataclasses.replace(run, checkpoint=f"{checkpoint_dir}/checkpoint.steps")):
+            runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
+                         (world_size, resume_world_size) if ranked else (0, 0), started=started)
+            # The resumed run needs only the interrupted one: it starts as soon as that has saved,
+            # while the baselines run beside them.
+            traces, failed = runs.run([
+                _Run("interrupted", dataclasses.replace(payload, last=resume_at, save=True)),
+                _Run("baseline", payload),
+                _Run("resumed", dataclasses.replace(payload, first=resume_at + 1, load=True), resumed=True, after=0),
+                _Run("baseline (repeat)", payload),
+            ])
+            if failed is not None:
+                assert failed.error is not None
+                result = ResumeResult.errored(failed.error, config, failed.exception)
+                hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
+                if hint is not None:
+                    result.notes.append(hint)
+                return result
+            interrupted, baseline, resumed, repeat = traces
+            result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
+            if result.outcome is Outcome.PASS:
+                break
+            started = runs.started
         result.notes.extend(runs.notes)
         wanted = values_wanted(result, baseline, resumed, resume_at)
         if wanted is None:

@@ -126,8 +126,9 @@ class RunTrace:
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,
                  digesting: Callable[[int], Digesting | None] = lambda step: None,
-                 precision: str = "native") -> Iterator[StepRecord]:
-    """Train steps `first..last` (1-based, inclusive), yielding a record after each."""
+                 precision: str = "native", states_at: frozenset[int] | None = None) -> Iterator[StepRecord]:
+    """Train steps `first..last` (1-based, inclusive), yielding a record after each; the State is snapshotted
+    after the steps in `states_at` (None: after every step), an empty snapshot elsewhere."""
     batches = iter(recipe.batches(state))
     name = type(recipe).__name__
     for step in range(first, last + 1):
@@ -135,7 +136,8 @@ def record_steps(recipe: Recipe, state: State, first: int, last: int,
         rng = snapshot_rng(digesting(step))
         ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
         loss = loss_value(recipe.step(state, batch), f"{name}.step() at step {step}")
-        yield StepRecord(step, rng, ids, loss, snapshot_state(state, digesting(step)), modes=module_modes(state))
+        snapshot = snapshot_state(state, digesting(step)) if states_at is None or step in states_at else {}
+        yield StepRecord(step, rng, ids, loss, snapshot, modes=module_modes(state))
 
 
 #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
@@ -161,6 +163,9 @@ class TrainPayload:
     world: World | None = None
     #: "float64": the run trains in float64 (`trainparity._state._precision`); "native": in the recipe's dtypes
     precision: str = "native"
+    #: the steps after which the State is snapshotted (None: every step); the RNG streams, sample IDs, loss and
+    #: modes are recorded at every step all the same
+    states_at: frozenset[int] | None = None
 
     def digesting(self, step: int) -> Digesting | None:
         """How the snapshot after `step` (0: at the load and the save) is taken."""
@@ -184,7 +189,8 @@ def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
         else:
             state = require_state(recipe.setup(), recipe, "setup")
             convert_state(state, payload.precision)
-        steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting, payload.precision))
+        steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting, payload.precision,
+                                  payload.states_at))
         saved = None
         if payload.save:
             recipe.save(state, pathlib.Path(payload.checkpoint))
