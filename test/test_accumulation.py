@@ -18,7 +18,7 @@ import trainparity._accumulation
 import trainparity._state._snapshot
 from trainparity._cli import main
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 TOL = recipes.TOLERANCE
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)
 #: States built by recipes that record them (hook-removal tests inspect them after the check)

@@ -13,7 +13,7 @@ import test_accumulation_recipes as recipes
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def report(recipe: Any, **kwargs: Any) -> str:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import pytest
 import trainparity as tp
 from trainparity._process import _session
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 HERE = pathlib.Path(__file__).parent
 FAILING = {0: [[0, 1]], 1: [[1, 2]]}  # sample 1 twice, sample 3 never

@@ -20,7 +20,8 @@ from trainparity._preflight._autocast import AutocastRules, _bypass_violations, 
 from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._process._wire import dump, load
 
-pytestmark = [pytest.mark.numeric, pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")]
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals,
+              pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")]
 
 
 def at(function: Any, text: str) -> str:

@@ -37,3 +37,15 @@ def test_a_failing_step_fails_the_run_and_stops_the_background_job() -> None:
     assert failed.returncode == 1
     still_running = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True)
     assert still_running.stdout == "", f"the background job outlived the run: {still_running.stdout}"
+
+
+@pytest.mark.parametrize(("elapsed", "status"), [(3599, 0), (3601, 1)])
+def test_a_run_past_sixty_minutes_fails(elapsed: int, status: int) -> None:
+    budget = re.findall(r"^if \(\( SECONDS > 3600 \)\); then\n.*?^fi$", CI_SCRIPT.read_text(),
+                        flags=re.MULTILINE | re.DOTALL)
+    assert len(budget) == 1, f"expected one 60-minute budget check in {CI_SCRIPT}, found {budget}"
+    # bash counts SECONDS on from what it is set to
+    done = subprocess.run(["bash", "-c", f"set -euo pipefail\nSECONDS={elapsed}\n{budget[0]}\n"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert ("over the 60-minute budget" in done.stdout) == bool(status)

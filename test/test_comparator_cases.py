@@ -24,7 +24,7 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_snapshots
 from trainparity._state._snapshot import snapshot_state
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def mismatches(expected: Any, actual: Any, comparison: Comparison = EXACT, **entries: Any) -> list[Mismatch]:

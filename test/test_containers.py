@@ -14,7 +14,7 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, compare_snapshots
 from trainparity._state._snapshot import snapshot_state
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 def differing(expected: tp.State, actual: tp.State) -> list[str]:

@@ -22,7 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Itera
 import trainparity as tp
 from trainparity.strategies import IndexDataset
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 class Replayed(IterableDataset[int]):

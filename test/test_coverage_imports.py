@@ -13,7 +13,7 @@ import pytest
 
 import trainparity
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 ROOT = pathlib.Path(trainparity.__file__).resolve().parent
 PROBE = """

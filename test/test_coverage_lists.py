@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 import trainparity as tp
 import trainparity._coverage._collect as collect
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 def one_by_one(batches: list[torch.Tensor]) -> Iterator[torch.Tensor]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import trainparity as tp
 from trainparity._coverage import _audit
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 Row = tuple[str, int, int | None, int | None, Any, int | None]
 #: for a duplicate, where the message says the ID was seen first: (rank, position)

@@ -20,7 +20,7 @@ from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 from trainparity.strategies import IndexDataset
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 WORLD = 2
 DATASET = 10

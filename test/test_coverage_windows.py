@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 import trainparity as tp
 from trainparity.strategies import IndexDataset
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 SIZE, SEED, EPOCH, BATCH = 48, 7, 1, 3
 BEFORE, AFTER = 4, 2  # world sizes before and after the preemption

@@ -24,7 +24,7 @@ import trainparity as tp
 from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 #: DDP reduces the batch in another order than one process: rounding-level differences are declared acceptable
 TOLERANCE = tp.ToleranceComparison(rtol=1e-4, atol=1e-6)

@@ -16,7 +16,7 @@ from trainparity._state import _digest
 from trainparity._state._compare import DIGESTS_DIFFER
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def test_equal_bytes_give_equal_digests_whatever_the_layout_and_thread_count() -> None:

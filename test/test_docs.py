@@ -22,7 +22,7 @@ import pytest
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCUMENTS = ("docs/api.md", "README.md")

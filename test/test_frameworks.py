@@ -37,7 +37,7 @@ def check_script(script: str, resume_flag: str, *extra: str) -> tp.ResumeResult:
 
 @pytest.mark.exact
 @needs_lightning
-@pytest.mark.parametrize("accumulate", ["1", "2"])
+@pytest.mark.parametrize("accumulate", ["1", pytest.param("2", marks=pytest.mark.torch_internals)])
 def test_a_lightning_fit_resumed_from_its_checkpoint_passes_and_says_the_rng_is_not_saved(accumulate: str) -> None:
     """Trainer.fit(..., ckpt_path=...) restores the module, optimizer, scheduler, callbacks and loops,
     with or without accumulate_grad_batches. Lightning's checkpoint holds no global RNG state: nothing
@@ -59,6 +59,7 @@ def test_a_callback_whose_state_is_not_loaded_is_named_with_its_attribute() -> N
 
 
 @pytest.mark.numeric
+@pytest.mark.torch_internals
 @needs_lightning
 def test_lightning_accumulating_two_batches_trains_like_one_batch_twice_as_large() -> None:
     """Lightning divides the loss by accumulate_grad_batches and steps inside optimizer.step(closure): the
@@ -72,7 +73,7 @@ def test_lightning_accumulating_two_batches_trains_like_one_batch_twice_as_large
 
 @pytest.mark.exact
 @needs_transformers
-@pytest.mark.parametrize("grad_accum", ["1", "2"])
+@pytest.mark.parametrize("grad_accum", ["1", pytest.param("2", marks=pytest.mark.torch_internals)])
 def test_a_hugging_face_trainer_resumed_from_its_checkpoint_passes(grad_accum: str) -> None:
     """trainer.train(resume_from_checkpoint=...) restores the model (model.safetensors), the
     optimizer, the scheduler and the RNG states (dropout draws from the global RNG), and skips the
@@ -103,6 +104,7 @@ TOLERANCE = tp.ToleranceComparison(rtol=1e-9, atol=1e-12)  # float64: the order 
 
 
 @pytest.mark.numeric
+@pytest.mark.torch_internals
 @needs_transformers
 def test_a_hugging_face_trainer_accumulating_variable_length_sequences_trains_like_the_whole_batch() -> None:
     """The Trainer counts the labelled tokens of all micro-batches of a step (num_items_in_batch) and
@@ -141,7 +143,7 @@ def test_a_checkpoint_written_only_with_safetensors_is_seen() -> None:
 
 @pytest.mark.exact
 @needs_accelerate
-@pytest.mark.parametrize("grad_accum", ["1", "2"])
+@pytest.mark.parametrize("grad_accum", ["1", pytest.param("2", marks=pytest.mark.torch_internals)])
 def test_an_accelerate_script_resumed_with_load_state_and_skip_first_batches_passes(grad_accum: str) -> None:
     result = check_script("accelerate_train.py", "--resume", "--grad_accum", grad_accum)
     assert result.outcome is tp.Outcome.PASS, result.report()
@@ -177,7 +179,8 @@ ACCELERATE = [sys.executable, str(SCRIPTS / "accelerate_train.py"), "--out_dir",
 
 @pytest.mark.numeric
 @needs_accelerate
-@pytest.mark.parametrize(("fault", "cause"), [("none", None), ("loss_divided_twice", "loss_scaled_twice")])
+@pytest.mark.parametrize(("fault", "cause"), [pytest.param("none", None, marks=pytest.mark.torch_internals),
+                                               ("loss_divided_twice", "loss_scaled_twice")])
 def test_accelerate_accumulation_trains_like_the_whole_batch_unless_the_loss_is_divided_twice(
         fault: str, cause: str | None) -> None:
     """accelerator.backward divides the loss by the accumulation steps: dividing it again halves the steps."""
@@ -196,7 +199,7 @@ def test_accelerate_accumulation_trains_like_the_whole_batch_unless_the_loss_is_
 
 @pytest.mark.exact
 @needs_ignite
-@pytest.mark.parametrize("dropout", ["0", "0.2"])
+@pytest.mark.parametrize("dropout", ["0", pytest.param("0.2", marks=pytest.mark.torch_internals)])
 def test_an_ignite_deterministic_engine_resumed_with_load_objects_passes(dropout: str) -> None:
     """Its LRScheduler handler moves the learning rate at ITERATION_STARTED, before the first backward of the
     resumed run, as it does in the uninterrupted run: not a lost state. The DeterministicEngine seeds the global
@@ -239,8 +242,9 @@ IGNITE = [sys.executable, str(SCRIPTS / "ignite_train.py"), "--out_dir", "{workd
 
 @pytest.mark.exact
 @needs_ignite
-@pytest.mark.parametrize(("extra", "passes"), [(["--engine", "plain"], True),
-                                               (["--scheduler_event", "completed"], False)])
+@pytest.mark.parametrize(("extra", "passes"), [
+    pytest.param(["--engine", "plain"], True, marks=pytest.mark.torch_internals),
+    (["--scheduler_event", "completed"], False)])
 def test_ignite_runs_compared_step_by_step(extra: list[str], passes: bool) -> None:
     """A plain Engine trains as the DeterministicEngine does when nothing draws from the RNG; the scheduler moved
     to ITERATION_COMPLETED changes the learning rate one step later."""

@@ -17,7 +17,7 @@ from trainparity._preflight._frozen import FrozenTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:

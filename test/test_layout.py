@@ -122,3 +122,36 @@ def test_every_test_says_whether_its_verdict_depends_on_rounding(request: pytest
     undeclared = [item.nodeid for item in request.session.items
                   if (item.get_closest_marker("numeric") is None) == (item.get_closest_marker("exact") is None)]
     assert not undeclared, f"mark each of these (or its module) pytest.mark.numeric or pytest.mark.exact: {undeclared}"
+
+
+#: test files whose tests need not run on every torch of the matrix, and why: what they test reads no torch
+#: that changes between versions, or is tested there by the marked files
+TORCH_INDEPENDENT = {
+    "test_ci_script.py": ".ci/run's text",
+    "test_cli.py": "the command line's parsing, exit codes and output (the checks it runs: their own files)",
+    "test_coverage_docs.py": "the docs' coverage examples, through the checks test_coverage.py runs",
+    "test_docs_reference.py": "the docs against the public names",
+    "test_engine.py": "the process engine: forks, pipes, deadlines",
+    "test_invalid_argument.py": "argument validation, before anything runs",
+    "test_layout.py": "the package's source",
+    "test_public_api.py": "the public namespace",
+    "test_pytest_plugin.py": "the plugin's options, listener and summary, in pytest subprocesses",
+    "test_recipe_specs.py": "recipe references and specs",
+    "test_reliability.py": "hangs, kills, leaks and escapes of the process engine",
+    "test_result_json.py": "results' JSON",
+    "test_strategies.py": "hypothesis strategies over sampler configurations",
+    "test_timeouts.py": "the process engine's deadlines",
+    "test_frameworks.py": "each framework's passing controls are marked one by one; its faults test our diagnoses",
+}
+
+
+def test_every_test_that_reads_torch_internals_runs_in_the_torch_matrix(request: pytest.FixtureRequest) -> None:
+    # The torch matrix runs `-m torch_internals` on the newest torch: a new test file is in it unless it says why not.
+    here = pathlib.Path(__file__).parent
+    assert sorted(name for name in TORCH_INDEPENDENT if not (here / name).exists()) == []
+    unmarked = sorted({item.path.name for item in request.session.items
+                       if item.get_closest_marker("torch_internals") is None} - TORCH_INDEPENDENT.keys())
+    assert not unmarked, f"mark these files pytest.mark.torch_internals or say in TORCH_INDEPENDENT why not: {unmarked}"
+    frameworks = [item for item in request.session.items if item.path.name == "test_frameworks.py"]
+    assert not frameworks or any(item.get_closest_marker("torch_internals") for item in frameworks), (
+        "no framework's passing control runs on the other torches")

@@ -12,6 +12,8 @@ import torch
 
 import trainparity as tp
 
+pytestmark = pytest.mark.torch_internals
+
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:
     return [(v.kind, v.path, v.step, v.cause) for v in result.violations]

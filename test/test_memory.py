@@ -28,7 +28,7 @@ BOUND = 50 * 2**20
 WARM_UP, CHECKS = 3, 20
 STATUS = pathlib.Path("/proc/self/status")
 
-pytestmark = [pytest.mark.exact,
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals,
               pytest.mark.skipif(not STATUS.exists(), reason="reads the resident set size from /proc/self/status")]
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 class TestFrozenReports(tp.TestCase):

@@ -13,7 +13,7 @@ import trainparity as tp
 from trainparity._parallel import _rank
 from trainparity._parallel._rank import OutputRecorder
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

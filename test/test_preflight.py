@@ -16,7 +16,7 @@ from trainparity._preflight._optimizer_coverage import CoverageTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def found(result: tp.Result) -> list[tuple[str, str, int | None, str | None]]:

@@ -9,7 +9,7 @@ import trainparity as tp
 from trainparity._resume._ranks import align, merge_ranks, replicated_paths
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 def _rank(weight: float, position: int, ids: list[int | str], loss: float, rng: int,

@@ -14,7 +14,7 @@ import trainparity as tp
 from trainparity._results._report import ascii_text
 from trainparity._state._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def test_json_is_deterministic_and_complete() -> None:

@@ -20,7 +20,7 @@ import trainparity as tp
 from trainparity._recipe._reference import resolve_recipe
 from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 #: fault -> (outcome, first violation path, cause)
 FAULTS: dict[str, tuple[tp.Outcome, str, str | None]] = {

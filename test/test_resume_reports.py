@@ -14,7 +14,7 @@ from resume_recipes import ResumeRecipe
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 def report(fault: str, **kwargs: object) -> str:

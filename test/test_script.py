@@ -13,6 +13,8 @@ import trainparity as tp
 from trainparity import probe
 from trainparity._script import _hook
 
+pytestmark = pytest.mark.torch_internals
+
 check_resume_script = tp.check_resume_script
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"

@@ -9,7 +9,7 @@ import pytest
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "nanogpt_train.py"
 

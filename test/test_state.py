@@ -13,7 +13,7 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, compare_snapshots
 from trainparity._state._snapshot import snapshot_rng, snapshot_state
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 class Counter:

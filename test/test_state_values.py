@@ -16,7 +16,7 @@ import trainparity as tp
 from trainparity._state._compare import EXACT, compare_snapshots
 from trainparity._state._snapshot import snapshot_state
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 ARRAYS = {
     "strings": lambda: np.array([["a", "bc"], ["def", ""]]),

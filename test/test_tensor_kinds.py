@@ -27,7 +27,7 @@ from trainparity._state._compare import EXACT, Comparison, Snapshot, compare_sna
 from trainparity._state._precision import FLOAT64_TOLERANCE
 from trainparity._state._snapshot import Digesting, key_text, snapshot_from_wire, snapshot_state, snapshot_to_wire
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 #: the comparisons the checks use: exact (resume, scripts), float64's tolerance (accumulation, parallel), a
 #: user's declared one

@@ -21,7 +21,8 @@ from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._rng import seed_everything
 
 # The faulted recipes step their scheduler before their optimizer on purpose; torch warns about it.
-pytestmark = [pytest.mark.numeric, pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")]
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals,
+              pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")]
 HEALTHY: dict[str, Any] = {"max_grad_norm": 20.0, "update_ratio": True, "max_skipped_steps": 0,
                            "lr_schedule": recipes.learning_rate}
 

@@ -9,7 +9,8 @@ import training_recipes as recipes
 import trainparity as tp
 
 # A faulted recipe steps its scheduler before its optimizer on purpose; torch warns about it.
-pytestmark = [pytest.mark.numeric, pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")]
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals,
+              pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")]
 
 
 class TestTrainingTables(tp.TestCase):

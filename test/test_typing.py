@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -10,7 +10,7 @@ import torch
 
 from trainparity._process import _wire as wire
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 def test_round_trip(tmp_path: pathlib.Path) -> None:

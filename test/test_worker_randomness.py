@@ -20,7 +20,7 @@ from trainparity._process import _session
 from trainparity._state._rng import global_states, stream_digest, stream_kind
 from trainparity._workers._streams import reachable_streams, snapshot
 
-pytestmark = pytest.mark.exact
+pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
 
 def first(result: tp.Result) -> tuple[str, str, int | None, int | None]:

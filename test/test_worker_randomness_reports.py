@@ -8,7 +8,7 @@ from worker_datasets import augment
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 
 class TestWorkerRandomnessReports(tp.TestCase):

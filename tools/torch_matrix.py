@@ -9,6 +9,11 @@ per version and exits 1 if any step of any version fails (2 for a usage error).
 
     python tools/torch_matrix.py                          # every tested version
     python tools/torch_matrix.py 2.15.0 --steps suite --pytest-args="-n 2"
+    python tools/torch_matrix.py 2.15.0 --steps suite --pytest-args="-n 2 -m torch_internals"  # as CI does
+
+The tests marked `torch_internals` (pyproject.toml) are those whose subject reads torch where torch changes
+between versions; the others (the process engine, the command line, the pytest plugin, docs and layout) test
+nothing another torch could change, and CI runs them once, on the main environment's torch.
 
 pip's configuration on the project's machines caps torch at the versions on their disk and adds
 constraints; a version that configuration cannot install is installed with it lifted
