@@ -135,31 +135,38 @@ def test_an_in_process_timeout_shows_where_the_run_was_interrupted(tmp_path: pat
 
 
 class HangsInItsReruns(Wide):
-    """Loses a large weight on load (a FAIL known by digests), and hangs from the fifth setup() on: in the runs
-    that train again to fetch the values for the report."""
+    """Loses a large weight on load (a FAIL known by digests), and hangs from the `hang_from`-th setup() on. A
+    check's first four runs snapshot the State where they meet; as they FAIL, four more snapshot every step (setups
+    5 to 8), and three more train again to fetch the values for the report (from the ninth)."""
 
-    def __init__(self, calls: str) -> None:
+    def __init__(self, calls: str, hang_from: int) -> None:
         super().__init__("weight")
         self.calls = calls
+        self.hang_from = hang_from
 
     def setup(self) -> tp.State:
         directory = pathlib.Path(self.calls)
         (directory / f"{time.monotonic_ns()}").touch()
-        if len(list(directory.iterdir())) > 4:
+        if len(list(directory.iterdir())) >= self.hang_from:
             time.sleep(3600)
         return super().setup()
 
 
-def test_the_reruns_that_fetch_values_share_the_timeout_and_leave_the_fail_standing(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("hang_from, note", [
+    (5, "the runs that snapshot the State at every step did not finish"),
+    (9, "the values of the differing tensors could not be fetched"),
+], ids=["every-step-snapshots", "values"])
+def test_the_reruns_after_a_fail_share_the_timeout_and_leave_the_fail_standing(
+        hang_from: int, note: str, tmp_path: pathlib.Path) -> None:
     first, _ = timed(lambda: tp.check_resume(Wide("weight"), steps=4, resume_at=2))
     assert first.outcome is tp.Outcome.FAIL
     timeout = 3 * TIMEOUTS["process"]
-    result, elapsed = timed(lambda: tp.check_resume(HangsInItsReruns(str(tmp_path)), steps=4, resume_at=2,
-                                                    timeout=timeout))
+    result, elapsed = timed(lambda: tp.check_resume(HangsInItsReruns(str(tmp_path), hang_from), steps=4,
+                                                    resume_at=2, timeout=timeout))
     assert elapsed <= timeout + MARGIN, f"returned {elapsed:.2f} s after the call, timeout={timeout:g} s"
     assert result.outcome is tp.Outcome.FAIL, result.report()
-    assert any("could not be fetched" in note and f"timeout={timeout:g} s" in note for note in result.notes), (
-        result.notes)
+    assert result.violations[0].path == first.violations[0].path, result.report()
+    assert any(note in text and f"timeout={timeout:g} s" in text for text in result.notes), result.notes
 
 
 @pytest.mark.parametrize("where", ["step", "load"])

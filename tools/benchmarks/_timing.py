@@ -93,6 +93,55 @@ def train(recipe: Any, state: Any, steps: int) -> None:
         recipe.step(state, next(batches))
 
 
+def plain_resume_runs(recipe: Any, steps: int, resume_at: int) -> float:
+    """Seconds of the resume check's four runs trained one after another in this (warm) process, without any
+    check: interrupted 1..resume_at and save; baseline 1..steps; resumed from the checkpoint; baseline repeat."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        checkpoint = pathlib.Path(directory) / "checkpoint"
+        start = time.perf_counter()
+        seed_like_the_checks(0)
+        state = recipe.setup()
+        train(recipe, state, resume_at)
+        recipe.save(state, checkpoint)
+        for resumed in (False, True, False):
+            del state
+            seed_like_the_checks(0)
+            state = recipe.load(checkpoint) if resumed else recipe.setup()
+            train(recipe, state, steps - resume_at if resumed else steps)
+        return time.perf_counter() - start
+
+
+def plain_accumulation_runs(make: Callable[..., Any], microbatches: int, cycles: int, dtype: Any) -> None:
+    """The accumulation check's two runs as plain training in `dtype`: `cycles` full-batch steps of
+    `make(accumulation_steps=1)`, then `cycles` windows of `microbatches` micro-batches of
+    `make(accumulation_steps=microbatches)`."""
+    import trainparity as tp
+
+    for accumulation_steps in (1, microbatches):
+        seed_like_the_checks(0)
+        trainer = make(accumulation_steps=accumulation_steps)
+        state = trainer.setup()
+        state.model.to(dtype)
+        batches = iter(trainer.batches(state))
+        for _ in range(cycles):
+            batch = tuple(part.to(dtype) if part.is_floating_point() else part for part in next(batches))
+            for micro in tp.split_batch(batch, microbatches) if accumulation_steps > 1 else [batch]:
+                trainer.step(state, micro)
+
+
+def fork_seconds(rounds: int = 20) -> float:
+    """The median time of one process start from this (warm) interpreter: fork, the child's exit, the wait."""
+    def start() -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    return median_seconds(start, rounds)
+
+
 class PeakRSS:
     """This process's peak resident set size over a `with` block, in bytes (`peak`; `before`: the RSS at entry).
 

@@ -19,15 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from typing import Any
 
-from benchmarks._timing import MB, PeakRSS, in_fresh_interpreter, seed_like_the_checks, train, warm_up_torch
+from benchmarks._timing import (
+    MB,
+    PeakRSS,
+    in_fresh_interpreter,
+    plain_accumulation_runs,
+    plain_resume_runs,
+    warm_up_torch,
+)
 
 #: the parts of the scale benchmark, each runnable alone with --only
 PARTS = ("mlp", "gpt", "steps", "accumulation")
@@ -54,20 +59,7 @@ def _plain_resume_runs(part: str, steps: int, resume_at: int) -> dict[str, float
     """The resume check's four runs trained one after another in this (warm) process, without any check."""
     recipe = _scale_recipe(part)
     warm_up_torch()
-    with tempfile.TemporaryDirectory() as directory:
-        checkpoint = pathlib.Path(directory) / "checkpoint"
-        start = time.perf_counter()
-        seed_like_the_checks(0)  # interrupted: 1..resume_at, then save
-        state = recipe.setup()
-        train(recipe, state, resume_at)
-        recipe.save(state, checkpoint)
-        for resumed in (False, True, False):  # baseline 1..steps; resumed from the checkpoint; baseline repeat
-            del state
-            seed_like_the_checks(0)
-            state = recipe.load(checkpoint) if resumed else recipe.setup()
-            train(recipe, state, steps - resume_at if resumed else steps)
-        seconds = time.perf_counter() - start
-    return {"plain": seconds}
+    return {"plain": plain_resume_runs(recipe, steps, resume_at)}
 
 
 def _resume_check(recipe: Any, steps: int, resume_at: int, errors: list[str]) -> tuple[float, PeakRSS]:
@@ -122,17 +114,7 @@ def _accumulation() -> dict[str, Any]:
     warm_up_torch()
 
     def plain(dtype: torch.dtype) -> None:
-        """The check's two runs as training: `cycles` full-batch steps, then `cycles` windows of k micro-batches."""
-        for accumulation_steps in (1, k):
-            seed_like_the_checks(0)
-            trainer = _scale_recipe("accumulation", accumulation_steps=accumulation_steps)
-            state = trainer.setup()
-            state.model.to(dtype)
-            batches = iter(trainer.batches(state))
-            for _ in range(cycles):
-                batch = tuple(part.to(dtype) if part.is_floating_point() else part for part in next(batches))
-                for micro in tp.split_batch(batch, k) if accumulation_steps > 1 else [batch]:
-                    trainer.step(state, micro)
+        plain_accumulation_runs(lambda **overrides: _scale_recipe("accumulation", **overrides), k, cycles, dtype)
 
     errors: list[str] = []
 

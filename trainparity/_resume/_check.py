@@ -138,6 +138,7 @@ def check_resume(
         # the first step and path that diverged.
         sparse = dataclasses.replace(run, states_at=frozenset({resume_at, steps}))
         started = 0
+        judged_sparse: ResumeResult | None = None
         for payload in (sparse, dataclasses.replace(run, checkpoint=f"{checkpoint_dir}/checkpoint.steps")):
             runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
                          (world_size, resume_world_size) if ranked else (0, 0), started=started)
@@ -151,6 +152,13 @@ def check_resume(
             ])
             if failed is not None:
                 assert failed.error is not None
+                if judged_sparse is not None:
+                    # The verdict stands on the first runs; only the step the report names is coarser.
+                    judged_sparse.notes.append(
+                        f"the runs that snapshot the State at every step did not finish ({failed.error.headline()}): "
+                        f"the State was compared after steps {resume_at} and {steps} only, so a difference in it "
+                        "may have begun at an earlier step than the one named")
+                    return judged_sparse
                 result = ResumeResult.errored(failed.error, config, failed.exception)
                 hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
                 if hint is not None:
@@ -160,6 +168,8 @@ def check_resume(
             result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
             if result.outcome is Outcome.PASS:
                 break
+            result.notes.extend(runs.notes)
+            judged_sparse = result
             started = runs.started
         result.notes.extend(runs.notes)
         wanted = values_wanted(result, baseline, resumed, resume_at)
