@@ -18,6 +18,7 @@ End of stdin means the parent is gone: the server kills its children's trees and
 from __future__ import annotations
 
 import base64
+import contextlib
 import ctypes
 import gc
 import os
@@ -70,13 +71,14 @@ def warm_up() -> None:
     np.random.set_state(numpy_state)
 
 
-def run_child(job: str, request: bytes, protocol_fds: tuple[int, int]) -> None:
+def run_child(job: str, request: bytes, protocol_fds: tuple[int, ...]) -> None:
     """In the forked child: detach from the server, then run the request. Never returns."""
     code = 1
     try:
         os.setsid()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(number, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(2, 1)  # the user's prints go to stderr, never into the protocol pipe
@@ -145,6 +147,11 @@ def serve() -> None:
     gc.freeze()
     gc.enable()
     children: dict[int, str] = {}
+    # A child's end wakes the loop at once (SIGCHLD writes a byte to this pipe), with no polling: a check waits
+    # for each of its runs' exits, and a poll's period is added to each.
+    ended, ended_signal = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.signal(signal.SIGCHLD, lambda number, frame: None)
+    signal.set_wakeup_fd(ended_signal, warn_on_full_buffer=False)
 
     def send(line: str) -> None:
         os.write(outbound, (line + "\n").encode())
@@ -152,8 +159,12 @@ def serve() -> None:
     send("READY")
     buffer = b""
     while True:
-        readable, _, _ = select.select([inbound], [], [], 0.002 if children else 0.5)
-        if readable:
+        readable, _, _ = select.select([inbound, ended], [], [])
+        if ended in readable:
+            with contextlib.suppress(BlockingIOError):  # drained before reaping: a later exit writes again
+                while os.read(ended, 4096):
+                    pass
+        if inbound in readable:
             chunk = os.read(inbound, 1 << 20)
             if not chunk:
                 break
@@ -165,7 +176,7 @@ def serve() -> None:
                     request = base64.b64decode(rest[0])
                     pid = os.fork()
                     if pid == 0:
-                        run_child(job, request, (inbound, outbound))
+                        run_child(job, request, (inbound, outbound, ended, ended_signal))
                     children[pid] = job
                 elif command == "KILL":
                     for pid, owner in children.items():
@@ -189,7 +200,7 @@ def _reap(children: dict[int, str], send: Callable[[str], None]) -> None:
         pid = info.si_pid
         job = children.pop(pid, None)
         if job is not None:
-            kill_tree(pid, job)
+            kill_tree(pid, job, ended=True)
         _, status = os.waitpid(pid, 0)
         if job is None:
             continue  # an orphan of a child's tree, adopted by this subreaper

@@ -182,7 +182,7 @@ class Spawner:
             # WNOWAIT: the child stays a zombie while what it left running is killed, so its pid is not reused
             if os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
                 continue
-            kill_tree(popen.pid, job)
+            kill_tree(popen.pid, job, ended=True)
             code = popen.wait()
             del self._children[job]
             ended.append((job, max(code, 0), -code if code < 0 else 0))
