@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -167,3 +169,77 @@ def test_the_thread_that_dumps_the_stacks_is_left_out_of_the_report(tmp_path: pa
     reported = user_stacks(tmp_path)
     assert reported is not None and "in test_the_thread_that_dumps_the_stacks_is_left_out_of_the_report" in reported
     assert added and added not in reported.split("\n", 1)[1].split("\n  (another thread)\n"), reported
+
+
+def test_the_fork_server_caches_bytecode_privately_and_keeps_a_spare_child(tmp_path: pathlib.Path) -> None:
+    """Under PYTHONDONTWRITEBYTECODE a child compiles the user's modules from source unless the server gives it a
+    bytecode directory of its own: the second child reads what the first wrote there, the user's tree gets no
+    __pycache__, and the directory is gone once the server is, even one that was killed. Between requests the
+    server holds one spare child, forked ahead, that ends with it."""
+    source, temporary = tmp_path / "src", tmp_path / "tmp"
+    source.mkdir()
+    temporary.mkdir()
+    (source / "user_task.py").write_text(textwrap.dedent("""
+        import importlib.util, os, sys
+
+        def task(payload, workdir):
+            written = os.stat(importlib.util.cache_from_source(__file__))  # rewritten by a child that compiled
+            return {"pid": os.getpid(), "prefix": sys.pycache_prefix,
+                    "bytecode_file": [written.st_ino, written.st_mtime_ns]}
+    """))
+    script = textwrap.dedent(f"""
+        import json, os, pathlib, signal, sys, time
+        sys.path.insert(0, {str(source)!r})
+        from trainparity._process import _forkserver, _launchers
+        from trainparity._process._engine import Job, run_jobs
+        from trainparity._process._options import Deadline
+
+        def spares(server):
+            found = []
+            for entry in pathlib.Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                    if parent == server and (entry / "comm").read_bytes().strip() == _forkserver.SPARE_NAME:
+                        found.append(int(entry.name))
+                except OSError:
+                    pass
+            return found
+
+        def outputs():
+            return [run_jobs([Job("user_task:task", None, "a")], deadline=Deadline.after(60))[0].output
+                    for _ in range(2)]
+
+        first = outputs()
+        server = _launchers.SERVER._process.pid
+        killed_bytecode = _launchers.SERVER._bytecode
+        waited = time.monotonic() + 10
+        while not spares(server) and time.monotonic() < waited:
+            time.sleep(0.01)
+        spare = spares(server)
+        os.kill(server, signal.SIGKILL)
+        _launchers.SERVER._process.wait()
+        second = outputs()
+        print(json.dumps({{"first": first, "second": second, "spare": spare, "server": server,
+                          "killed_bytecode_exists": os.path.exists(killed_bytecode),
+                          "bytecode": _launchers.SERVER._bytecode,
+                          "server_after": _launchers.SERVER._process.pid,
+                          "spare_after": spares(_launchers.SERVER._process.pid)}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)})
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout.splitlines()[-1])
+    first, second = facts["first"], facts["second"]
+    assert all(output is not None for output in first + second), done.stderr
+    assert first[0]["prefix"] is not None and first[0]["prefix"].startswith(str(temporary / "trainparity-bytecode-"))
+    assert first[0]["bytecode_file"] == first[1]["bytecode_file"], "the second child compiled the module again"
+    assert second[0]["bytecode_file"] == second[1]["bytecode_file"], "the second child compiled the module again"
+    assert not (source / "__pycache__").exists()
+    assert not facts["killed_bytecode_exists"], "the parent did not remove the bytecode of the server it lost"
+    assert facts["bytecode"] != first[0]["prefix"] and facts["bytecode"] == second[0]["prefix"]
+    assert len(facts["spare"]) == 1 and len(facts["spare_after"]) == 1
+    assert facts["spare"][0] not in [output["pid"] for output in first]
+    assert still_running([facts["server_after"], *facts["spare_after"]], grace=5.0) == []
+    assert list(temporary.glob("trainparity-*")) == []

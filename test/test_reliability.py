@@ -32,7 +32,7 @@ from fault_recipes import (
 from process_helpers import marked_processes, running, still_running
 
 import trainparity as tp
-from trainparity._process import _engine, _launchers, _scratch, _wire
+from trainparity._process import _engine, _forkserver, _launchers, _scratch, _wire
 from trainparity._process._child import RESULT_FILE
 
 pytestmark = pytest.mark.numeric
@@ -45,8 +45,16 @@ def resume(recipe: tp.Recipe, isolation: str = "process", timeout: float = 60) -
     return tp.check_resume(recipe, steps=4, resume_at=2, isolation=isolation, timeout=timeout)
 
 
+def spare(process: pathlib.Path) -> bool:
+    """Whether /proc/<pid> is the fork server's spare child, forked ahead of the next request."""
+    try:
+        return (process / "comm").read_bytes().strip() == _forkserver.SPARE_NAME
+    except OSError:
+        return False
+
+
 def server_children() -> list[int]:
-    """The live children of this process's fork server."""
+    """The live children of this process's fork server that run a job (not its spare)."""
     server = _launchers.SERVER._process
     if server is None:
         return []
@@ -57,7 +65,7 @@ def server_children() -> list[int]:
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-            if ppid == server.pid and running(int(entry.name)):
+            if ppid == server.pid and running(int(entry.name)) and not spare(entry):
                 children.append(int(entry.name))
     return children
 

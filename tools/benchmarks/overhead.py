@@ -1,8 +1,8 @@
 """Each check's fixed cost on a tiny model: its wall time against plain training of the same runs, in one run.
 
-In one fresh interpreter: each check once cold (the first call: the fork server starts, first imports), then the
-median of 9 warm calls, beside the median of 9 plain trainings of the runs the check makes (setup(), step() calls,
-save() and load(), no check) in the same interpreter. The tiny model: an MLP 16 -> 2 x 96 -> 1 (11 k parameters),
+In one fresh interpreter: each check once cold (the first call: the fork server starts, first imports), then 9
+warm calls alternated with 9 plain trainings of the runs the check makes (setup(), step() calls, save() and load(),
+no check), each side's median. The tiny model: an MLP 16 -> 2 x 96 -> 1 (11 k parameters),
 AdamW, batches of 16, 6 steps; the preflight checks take their default number of steps, train_mode and frozen
 on bench_recipes.FineTuneMLP (a frozen BatchNorm encoder, dropout, an evaluation every 2 steps) and
 mixed_precision on the quickstart's AmpRegression.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +26,6 @@ from typing import Any
 from benchmarks._timing import (
     fork_seconds,
     machine,
-    median_seconds,
     plain_accumulation_runs,
     plain_resume_runs,
     seconds,
@@ -90,8 +90,9 @@ def probe() -> None:
     def measure(name: str, check: Callable[[], tp.Result], plain: Callable[[], object], what: str,
                 bound: float, extra: float = 0.0) -> None:
         cold = seconds(checking(check))
-        warm = median_seconds(checking(check), ROUNDS)
-        reference = median_seconds(plain, ROUNDS) + extra
+        # Alternated, so that a change in the machine's load (it is shared) weighs on both sides alike.
+        warms, plains = zip(*((seconds(checking(check)), seconds(plain)) for _ in range(ROUNDS)), strict=True)
+        warm, reference = statistics.median(warms), statistics.median(plains) + extra
         rows.append({"check": name, "cold": cold, "warm": warm, "plain": reference, "what": what, "bound": bound})
 
     start = fork_seconds()

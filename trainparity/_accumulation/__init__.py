@@ -151,17 +151,17 @@ def check_accumulation(
         # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
         # agree with them under the comparison: it copies, and the process pages in, only what differs. It samples
         # no micro-batch contribution (a gradient hook per parameter and backward) until the judge needs them.
-        outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire)],
+        outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire, workdir=False)],
                             deadline=deadline, isolation=isolation)
         if outcomes[0].error is None:
             sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by,
                                           sample_contributions=False)
-            outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire)],
+            outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
                                  deadline=deadline, isolation=isolation)
     else:
         outcomes = run_jobs(
-            [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire),
-             Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire)],
+            [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire, workdir=False),
+             Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
             deadline=deadline,
             isolation=isolation,
         )
@@ -175,7 +175,7 @@ def check_accumulation(
     except ContributionsNeeded:  # a gradient differs, and its diagnosis reads each micro-batch's contribution
         del outcomes[1:]  # the first run's copies of what differed are not held through the second
     sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=judged_by)
-    outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire)],
+    outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
                          deadline=deadline, isolation=isolation)
     errored = _errored(outcomes, config, precision)
     if errored is not None:

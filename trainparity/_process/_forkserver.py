@@ -10,7 +10,7 @@ the exit.
 
 Protocol on stdin/stdout, one line each:
   parent -> server: `RUN <job> <base64 of the pickled request>`, `KILL <job>`
-  server -> parent: `READY`, `EXIT <job> <exit code> <signal number>`
+  server -> parent: `READY [<base64 of its bytecode directory>]`, `EXIT <job> <exit code> <signal number>`
 The request travels through the pipe so that the environment it holds never rests on disk.
 End of stdin means the parent is gone: the server kills its children's trees and exits.
 """
@@ -22,9 +22,12 @@ import contextlib
 import ctypes
 import gc
 import os
+import pathlib
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -100,6 +103,74 @@ def run_child(job: str, request: bytes, protocol_fds: tuple[int, ...]) -> None:
             os._exit(code)
 
 
+#: the name (`/proc/<pid>/comm`, `ps`) of the spare child while it waits for a request
+SPARE_NAME = b"trainparity-spare"[:15]
+#: prctl option setting the calling thread's name (linux/prctl.h)
+PR_SET_NAME = 15
+
+
+def _set_name(name: bytes) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the name is only a courtesy to `ps`
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
+class _Spare:
+    """A child forked ahead of the next request, waiting for it on a pipe: a run starts without waiting for the fork
+    (milliseconds for a process that has imported torch), which happens instead while that run runs. It is the same
+    process a fork on request would make: the server changes nothing between its forks."""
+
+    def __init__(self) -> None:
+        self.pid = 0
+        #: the write end of the spare's request pipe; -1 when there is no spare
+        self.request_fd = -1
+
+    def fork(self, server_fds: tuple[int, ...]) -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            _wait_as_spare(read, (*server_fds, write))
+        os.close(read)
+        self.pid, self.request_fd = pid, write
+
+    def take(self, job: str, request: bytes) -> int | None:
+        """Hand the request to the spare; its pid, or None when there is no spare or it has died."""
+        pid, fd = self.pid, self.request_fd
+        self.pid, self.request_fd = 0, -1
+        if not pid:
+            return None
+        try:
+            data = job.encode() + b"\n" + request
+            while data:
+                data = data[os.write(fd, data):]
+        except OSError:  # it died (killed from outside): reaped as an unknown child, and a fork takes its place
+            return None
+        finally:
+            os.close(fd)
+        return pid
+
+
+def _wait_as_spare(read: int, server_fds: tuple[int, ...]) -> None:
+    """In the spare child: hold none of the server's pipes (the parent sees the server's end by their closing), wait
+    for the request, then run it; end of file without one means the server is gone. Never returns."""
+    try:
+        signal.set_wakeup_fd(-1)
+        for fd in server_fds:
+            os.close(fd)
+        comm = pathlib.Path("/proc/self/comm")
+        name = comm.read_bytes().strip() if comm.exists() else b""
+        _set_name(SPARE_NAME)
+        chunks = []
+        while chunk := os.read(read, 1 << 20):
+            chunks.append(chunk)
+        os.close(read)
+        if chunks:
+            _set_name(name)
+            job, _, request = b"".join(chunks).partition(b"\n")
+            run_child(job.decode(), request, ())
+    finally:
+        os._exit(0)
+
+
 def _exit_when_orphaned(parent: int) -> Callable[[], None]:
     """Exit at once if the parent dies while we warm up (seconds in which stdin is not read).
 
@@ -121,6 +192,19 @@ def _exit_when_orphaned(parent: int) -> Callable[[], None]:
         thread.join()
 
     return stop
+
+
+def _cache_bytecode() -> str | None:
+    """Where the user's environment says not to write bytecode (PYTHONDONTWRITEBYTECODE, usual in containers and
+    CI), every child would compile the recipe's modules from source again (milliseconds for each, tens for a long
+    test module): the children write and read it in a directory of the server's instead, removed as it exits, and
+    the user's source trees stay free of it. Its path, or None where bytecode is written as usual."""
+    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+        return None
+    directory = tempfile.mkdtemp(prefix="trainparity-bytecode-")
+    sys.pycache_prefix = directory
+    sys.dont_write_bytecode = False
+    return directory
 
 
 def _become_subreaper() -> None:
@@ -156,7 +240,28 @@ def serve() -> None:
     def send(line: str) -> None:
         os.write(outbound, (line + "\n").encode())
 
-    send("READY")
+    bytecode = _cache_bytecode()
+    spare = _Spare()
+    server_fds = (inbound, outbound, ended, ended_signal)
+    try:
+        # the parent removes the bytecode directory if this process is killed
+        send("READY" if bytecode is None else f"READY {base64.b64encode(os.fsencode(bytecode)).decode()}")
+        spare.fork(server_fds)
+        _serve_requests(inbound, ended, server_fds, spare, children, send)
+    except BrokenPipeError:
+        pass  # the parent is gone (it closed its end of the protocol): what it started ends with it
+    finally:
+        for pid, job in children.items():
+            kill_tree(pid, job)
+        if spare.pid:
+            os.close(spare.request_fd)  # the spare reads end of file and exits
+        if bytecode is not None:
+            shutil.rmtree(bytecode, ignore_errors=True)
+
+
+def _serve_requests(inbound: int, ended: int, server_fds: tuple[int, ...], spare: _Spare, children: dict[int, str],
+                    send: Callable[[str], None]) -> None:
+    """Run requests until the parent closes its end of the protocol (end of file)."""
     buffer = b""
     while True:
         readable, _, _ = select.select([inbound, ended], [], [])
@@ -167,24 +272,26 @@ def serve() -> None:
         if inbound in readable:
             chunk = os.read(inbound, 1 << 20)
             if not chunk:
-                break
+                return
             buffer += chunk
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 command, job, *rest = line.decode().split(" ")
                 if command == "RUN":
                     request = base64.b64decode(rest[0])
-                    pid = os.fork()
-                    if pid == 0:
-                        run_child(job, request, (inbound, outbound, ended, ended_signal))
-                    children[pid] = job
+                    taken = spare.take(job, request)
+                    if taken is None:
+                        taken = os.fork()
+                        if taken == 0:
+                            run_child(job, request, (*server_fds, spare.request_fd))
+                    children[taken] = job
                 elif command == "KILL":
                     for pid, owner in children.items():
                         if owner == job:
                             kill_tree(pid, job)
         _reap(children, send)
-    for pid, job in children.items():
-        kill_tree(pid, job)
+        if not spare.pid:  # after every request that arrived together has started
+            spare.fork(server_fds)
 
 
 def _reap(children: dict[int, str], send: Callable[[str], None]) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import pathlib
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,9 @@ class ForkServer:
         #: whether the server said READY; until then it is starting (`_started`, monotonic)
         self._ready = False
         self._started = 0.0
+        #: the directory where the server's children cache bytecode (`_forkserver._cache_bytecode`), if any: the
+        #: server removes it as it exits, and this process once the server has ended, whatever ended it
+        self._bytecode: str | None = None
 
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None and self._owner == os.getpid()
@@ -57,6 +61,7 @@ class ForkServer:
         """Start the server unless it runs, and wait until it is ready or `until` (monotonic) passes: then
         TimeoutError, and the server goes on starting for the next caller. RuntimeError if it cannot start."""
         if not self.running():
+            self._remove_bytecode()  # of a server that was killed
             package_root = str(pathlib.Path(__file__).resolve().parents[2])
             code = (f"import sys; sys.path.insert(0, {package_root!r}); "
                     "from trainparity._process._forkserver import serve; serve()")
@@ -78,8 +83,9 @@ class ForkServer:
                 raise
             self.shutdown()
             raise RuntimeError(f"the trainparity fork server did not start within {SERVER_START_TIMEOUT:g} s") from None
-        if line != ["READY"]:
+        if not line or line[0] != "READY" or len(line) > 2:
             raise RuntimeError(f"the trainparity fork server did not start (it said {' '.join(line)!r})")
+        self._bytecode = os.fsdecode(base64.b64decode(line[1])) if len(line) == 2 else None
         self._ready = True
 
     def shutdown(self) -> None:
@@ -95,6 +101,12 @@ class ForkServer:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+        self._remove_bytecode()
+
+    def _remove_bytecode(self) -> None:
+        if self._bytecode is not None and self._owner == os.getpid():
+            shutil.rmtree(self._bytecode, ignore_errors=True)
+        self._bytecode = None
 
     def _send(self, line: str) -> None:
         assert self._process is not None and self._process.stdin is not None
