@@ -15,8 +15,6 @@ import torch
 import trainparity as tp
 from trainparity._cli import build_parser, main
 
-pytestmark = pytest.mark.numeric
-
 HERE = pathlib.Path(__file__).parent
 
 
@@ -26,6 +24,7 @@ def run_cli(*args: str, cwd: pathlib.Path = HERE) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.exact
 def test_exit_status_and_json_from_a_real_process(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
     done = run_cli("resume", "resume_recipes:ForgetsScheduler", "--steps", "4", "--resume-at", "2",
@@ -35,6 +34,7 @@ def test_exit_status_and_json_from_a_real_process(tmp_path: pathlib.Path) -> Non
     assert json.loads(target.read_text())["first_violation"]["path"] == "scheduler.last_epoch"
 
 
+@pytest.mark.exact
 def test_bad_spec_is_one_line_without_traceback() -> None:
     done = run_cli("resume", "resume_recipes:NoSuchRecipe")
     assert done.returncode == 4
@@ -44,6 +44,7 @@ def test_bad_spec_is_one_line_without_traceback() -> None:
     assert done.stdout == ""
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("argv", "status", "headline"),
     [
@@ -59,6 +60,7 @@ def test_exit_status_per_outcome(
     assert capsys.readouterr().out.startswith(headline + "\n")
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -79,12 +81,14 @@ def test_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixtu
     assert message in err and err.count("\n") == 1
 
 
+@pytest.mark.exact
 def test_argument_errors_exit_4() -> None:
     with pytest.raises(SystemExit) as caught:
         main(["resume"])
     assert caught.value.code == 4
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("target", ["missing/result.json", "."])
 def test_unusable_json_path_is_refused_before_the_check_runs(
     target: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
@@ -100,6 +104,7 @@ def test_unusable_json_path_is_refused_before_the_check_runs(
                    "pass a path in an existing, writable directory\n")
 
 
+@pytest.mark.exact
 def test_version() -> None:
     done = run_cli("--version")
     assert done.returncode == 0, done.stderr
@@ -107,6 +112,7 @@ def test_version() -> None:
     assert done.stdout == f"trainparity {tp.__version__} ({versions})\n"
 
 
+@pytest.mark.exact
 def test_help_lists_exit_codes_and_explains_every_option(cli_commands: dict[str, argparse.ArgumentParser]) -> None:
     assert set(cli_commands) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
                                  "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode",
@@ -120,6 +126,7 @@ def test_help_lists_exit_codes_and_explains_every_option(cli_commands: dict[str,
         assert undocumented == [], name
 
 
+@pytest.mark.exact
 def test_spec_with_constructor_arguments_is_the_form_reports_print(capsys: pytest.CaptureFixture[str]) -> None:
     spec = "resume_recipes:ResumeRecipe(fault='ema', use_python_random=False)"
     assert main(["resume", spec, "--steps", "3", "--isolation", "inprocess"]) == 1
@@ -128,6 +135,7 @@ def test_spec_with_constructor_arguments_is_the_form_reports_print(capsys: pytes
     assert f"recipe={spec!r}" in out  # the report's form of the recipe is a spec the command line takes
 
 
+@pytest.mark.exact
 def test_file_path_spec_is_rebuilt_in_fresh_processes_from_another_directory(tmp_path: pathlib.Path) -> None:
     done = run_cli("resume", f"{HERE / 'resume_recipes.py'}:ResumeRecipe(fault='counter')", "--steps", "3",
                    "--resume-at", "1", "--isolation", "spawn", cwd=tmp_path)
@@ -136,6 +144,7 @@ def test_file_path_spec_is_rebuilt_in_fresh_processes_from_another_directory(tmp
     assert "recipe=\"resume_recipes:ResumeRecipe(fault='counter')\"" in done.stdout
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -154,6 +163,7 @@ def test_bad_constructor_arguments_and_paths_are_usage_errors(
     assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("source", "exc_type", "line"),
     [("value = (\n", "SyntaxError", "value = ("), ("raise RuntimeError('no config file')\n", "RuntimeError",
@@ -174,6 +184,7 @@ def test_a_recipe_module_that_cannot_be_imported_is_an_error(
         assert "importlib" not in traceback and "trainparity" not in traceback, traceback
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("function", "status", "headline"),
     [
@@ -192,6 +203,7 @@ def test_coverage_command(function: str, status: int, headline: str, capsys: pyt
         assert "reason: raises(): the recipe raised RuntimeError: the shards could not be listed" in out
 
 
+@pytest.mark.exact
 def test_coverage_command_writes_json_and_bounds_violations(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "coverage.json"
     done = run_cli("coverage", "coverage_sources:two_ranks(overlap=True)", "--max-violations", "1", "--json",
@@ -201,6 +213,7 @@ def test_coverage_command_writes_json_and_bounds_violations(tmp_path: pathlib.Pa
     assert (document["check"], len(document["violations"])) == ("coverage", 1)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(
     ("function", "message"),
     [
@@ -216,6 +229,7 @@ def test_coverage_command_usage_errors(function: str, message: str, capsys: pyte
     assert message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.exact
 def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
     done = run_cli("resume", "parallel_recipes:WideDDPRecipe", "--world-size", "2", "--steps", "4",
@@ -225,6 +239,7 @@ def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path) -> None:
     assert (config["world_size"], config["resume_world_size"], config["backend"]) == (2, 2, "gloo"), config
 
 
+@pytest.mark.numeric
 def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
     done = run_cli("data-parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
@@ -234,6 +249,7 @@ def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
     assert json.loads(target.read_text())["first_violation"]["cause"] == "grads_not_synchronized"
 
 
+@pytest.mark.exact
 def test_frozen_and_train_mode_commands_from_a_real_process(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
     done = run_cli("frozen", "mode_recipes:BackboneInTrainMode", "--steps", "1", "--isolation", "spawn",
@@ -247,6 +263,7 @@ def test_frozen_and_train_mode_commands_from_a_real_process(tmp_path: pathlib.Pa
     assert json.loads(target.read_text())["config"]["eval_modules"] == ["backbone"]
 
 
+@pytest.mark.exact
 def test_worker_randomness_command_from_a_real_process(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "workers.json"
     done = run_cli("worker-randomness", "worker_datasets:augmented(fault='generator_built_in_init')", "--epochs", "1",
@@ -260,6 +277,7 @@ def test_worker_randomness_command_from_a_real_process(tmp_path: pathlib.Path) -
     assert (document["first_violation"]["worker"], document["counts"]) == (1, {"worker_rng_shared": 2})
 
 
+@pytest.mark.numeric
 def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "amp.json"
     done = run_cli("mixed-precision", "autocast_recipes:Float32Head", "--steps", "1", "--allow-float32", "head",
@@ -268,6 +286,7 @@ def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Pa
     assert json.loads(target.read_text())["config"]["allow_float32"] == ["head"]
 
 
+@pytest.mark.numeric
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)`")  # the fault's order, on purpose
 def test_training_command_prints_the_report_then_the_table(tmp_path: pathlib.Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -287,6 +306,7 @@ def test_training_command_prints_the_report_then_the_table(tmp_path: pathlib.Pat
     assert main(["training", "training_recipes:Fit('lr_zero')", "--steps", "10", "--overfit"]) == 1
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(("argv", "message"), [
     (["--update-ratio", "0.1"], "expected LOW,HIGH such as 1e-4,1e-2, or default"),
     (["--lr-schedule", "fast"], "--lr-schedule: expected comma-separated learning rates"),

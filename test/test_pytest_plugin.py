@@ -16,8 +16,6 @@ from process_helpers import running
 
 import trainparity as tp
 
-pytestmark = pytest.mark.numeric
-
 #: a user's test module: a recipe, and tests that report what the checks ran under
 USER_TESTS = '''
 import json
@@ -111,6 +109,7 @@ def project(tmp_path: pathlib.Path) -> pathlib.Path:
     return tmp_path
 
 
+@pytest.mark.numeric
 def test_header_options_and_summary(project: pathlib.Path) -> None:
     done = run_pytest(project, "tests", "--trainparity-isolation=spawn", "--trainparity-timeout=90",
                       "--trainparity-precision=native")
@@ -132,6 +131,7 @@ def test_header_options_and_summary(project: pathlib.Path) -> None:
     ], done.stdout
 
 
+@pytest.mark.numeric
 def test_built_in_defaults_without_options(project: pathlib.Path) -> None:
     done = run_pytest(project, "tests", "-k", "test_resume or test_accumulation")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -141,6 +141,7 @@ def test_built_in_defaults_without_options(project: pathlib.Path) -> None:
     assert found["accumulation"]["config"]["precision"] == "float64"  # type: ignore[index]
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize(("option", "message"), [
     ("--trainparity-timeout=0",
      "--trainparity-timeout: timeout= must be a positive number of seconds, at most 100000000 (about three years), "
@@ -153,12 +154,14 @@ def test_bad_options_are_usage_errors(project: pathlib.Path, option: str, messag
     assert message in done.stderr
 
 
+@pytest.mark.exact
 def test_the_plugin_can_be_turned_off(project: pathlib.Path) -> None:
     done = run_pytest(project, "tests", "-p", "no:trainparity", "-k", "test_coverage_fails")
     assert done.returncode == 1
     assert "- trainparity -" not in done.stdout and "check defaults" not in done.stdout
 
 
+@pytest.mark.numeric
 def test_xdist_one_fork_server_per_worker_and_nothing_left_running(project: pathlib.Path) -> None:
     marker = f"trainparity-test-{uuid.uuid4()}"
     done = run_pytest(project, "tests", "-n", "2", "-p", "xdist", env={"TRAINPARITY_PLUGIN_TEST": marker})
@@ -191,6 +194,7 @@ def _processes_carrying(marker: str, grace: float = 5.0) -> list[int]:
         time.sleep(0.1)
 
 
+@pytest.mark.numeric
 def test_import_mode_importlib_with_a_module_the_children_cannot_import_by_name(project: pathlib.Path,
                                                                                 tmp_path_factory: pytest.TempPathFactory
                                                                                 ) -> None:
@@ -226,6 +230,7 @@ def test_workers_draw_their_own_numbers():
 '''
 
 
+@pytest.mark.exact
 def test_the_worker_check_is_counted_and_its_failure_names_the_stream(tmp_path: pathlib.Path) -> None:
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_workers.py").write_text(WORKER_TESTS)
