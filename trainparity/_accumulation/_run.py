@@ -113,9 +113,9 @@ def _observe_window(
         parts: Sequence[Any] = [batch]
     else:
         parts = _split(batch, payload)
-    calls = []
+    calls: list[CallRecord] = []
     for index, part in enumerate(parts):
-        observer.begin_call(index)
+        observer.begin_call(index, after=calls[-1] if calls else None)
         try:
             returned = recipe.step(observer.state, part)
         finally:
