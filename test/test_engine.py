@@ -213,7 +213,7 @@ def test_the_fork_server_caches_bytecode_privately_and_keeps_a_spare_child(tmp_p
 
         first = outputs()
         server = _launchers.SERVER._process.pid
-        killed_bytecode = _launchers.SERVER._bytecode
+        killed_bytecode = _launchers.SERVER.bytecode_directory()
         waited = time.monotonic() + 10
         while not spares(server) and time.monotonic() < waited:
             time.sleep(0.01)
@@ -223,7 +223,7 @@ def test_the_fork_server_caches_bytecode_privately_and_keeps_a_spare_child(tmp_p
         second = outputs()
         print(json.dumps({{"first": first, "second": second, "spare": spare, "server": server,
                           "killed_bytecode_exists": os.path.exists(killed_bytecode),
-                          "bytecode": _launchers.SERVER._bytecode,
+                          "bytecode": _launchers.SERVER.bytecode_directory(),
                           "server_after": _launchers.SERVER._process.pid,
                           "spare_after": spares(_launchers.SERVER._process.pid)}}))
     """)

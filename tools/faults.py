@@ -102,13 +102,19 @@ def marked_processes() -> list[int]:
     return process_helpers.marked_processes(also=f"TMPDIR={SCRATCH / 'tmp'}".encode())
 
 
+def _leftovers() -> list[pathlib.Path]:
+    """Temporary files and directories of trainparity's (torch keeps caches of its own there too), but this process's
+    fork server's bytecode directory, which lives as long as the server (docs/design.md, Processes)."""
+    server = _launchers.SERVER.bytecode_directory()
+    return [path for path in (SCRATCH / "tmp").glob("trainparity-*") if str(path) != server]
+
+
 def leftover_files() -> int:
-    """Temporary files and directories of trainparity's (torch keeps caches of its own there too)."""
-    return sum(1 for _ in (SCRATCH / "tmp").glob("trainparity-*"))
+    return len(_leftovers())
 
 
 def clear_leftovers() -> None:
-    for path in (SCRATCH / "tmp").glob("trainparity-*"):
+    for path in _leftovers():
         subprocess.run(["rm", "-rf", str(path)], check=False)
 
 

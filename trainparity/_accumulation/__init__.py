@@ -36,7 +36,7 @@ from trainparity._results._violation import JsonValue, json_safe
 from trainparity._state._compare import Comparison, resolve_comparison
 from trainparity._state._precision import (
     describe_comparison,
-    dtype_error_hint,
+    dtype_error_hints,
     effective_comparison,
 )
 from trainparity._state._rng import validate_seed
@@ -189,7 +189,5 @@ def _errored(outcomes: list[JobOutcome], config: dict[str, JsonValue], precision
     if failed is None or failed.error is None:
         return None
     result = AccumulationResult.errored(failed.error, config, failed.exception)
-    hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
-    if hint is not None:
-        result.notes.append(hint)
+    result.notes += dtype_error_hints(failed.error.message, precision)
     return result

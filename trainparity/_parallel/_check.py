@@ -41,7 +41,7 @@ from trainparity._state._compare import (
 )
 from trainparity._state._precision import (
     describe_comparison,
-    dtype_error_hint,
+    dtype_error_hints,
     effective_comparison,
 )
 from trainparity._state._rng import validate_seed
@@ -109,9 +109,7 @@ def check_data_parallel(
         error = _first_error(outcomes, deadline)
     if error is not None:
         result = DataParallelResult.errored(error, config)
-        hint = dtype_error_hint(error.message) if precision == "float64" else None
-        if hint is not None:
-            result.notes.append(hint)
+        result.notes += dtype_error_hints(error.message, precision)
         return result
     traces = [o.output for o in outcomes]
     assert all(trace is not None for trace in traces)

@@ -103,6 +103,10 @@ class ForkServer:
             process.stdout.close()
         self._remove_bytecode()
 
+    def bytecode_directory(self) -> str | None:
+        """Where the running server's children cache bytecode (`_forkserver._cache_bytecode`); None if nowhere."""
+        return self._bytecode if self.running() else None
+
     def _remove_bytecode(self) -> None:
         if self._bytecode is not None and self._owner == os.getpid():
             shutil.rmtree(self._bytecode, ignore_errors=True)

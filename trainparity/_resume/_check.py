@@ -32,7 +32,7 @@ from trainparity._state._compare import (
     ExactComparison,
     resolve_comparison,
 )
-from trainparity._state._precision import describe_comparison, dtype_error_hint, effective_comparison
+from trainparity._state._precision import describe_comparison, dtype_error_hints, effective_comparison
 from trainparity._state._rng import validate_seed
 from trainparity._state._snapshot import state_entry
 from trainparity._validation import InvalidArgument, check_int
@@ -160,9 +160,7 @@ def check_resume(
                         "may have begun at an earlier step than the one named")
                     return judged_sparse
                 result = ResumeResult.errored(failed.error, config, failed.exception)
-                hint = dtype_error_hint(failed.error.message) if precision == "float64" else None
-                if hint is not None:
-                    result.notes.append(hint)
+                result.notes += dtype_error_hints(failed.error.message, precision)
                 return result
             interrupted, baseline, resumed, repeat = traces
             result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)

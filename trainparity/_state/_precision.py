@@ -116,8 +116,9 @@ def require_float64(tensors: Iterator[torch.Tensor], what: str) -> None:
                                  + FORCED_PRECISION_HINT.format(dtype=str(tensor.dtype).removeprefix("torch.")))
 
 
-def dtype_error_hint(message: str) -> str | None:
-    """For an error raised in float64 mode: the hint to pass precision='native' when it is a dtype clash."""
-    clash = ("Double" in message or "float64" in message) and any(
+def dtype_error_hints(message: str, precision: str) -> list[str]:
+    """The notes for an ERROR result: in float64 mode, the hint to pass precision='native' when the error's message
+    reads as a dtype clash; none otherwise."""
+    clash = precision == "float64" and ("Double" in message or "float64" in message) and any(
         word in message for word in ("Float", "float32", "Half", "BFloat16", "dtype"))
-    return FORCED_PRECISION_HINT.format(dtype="another dtype") if clash else None
+    return [FORCED_PRECISION_HINT.format(dtype="another dtype")] if clash else []
