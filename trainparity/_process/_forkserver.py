@@ -164,7 +164,8 @@ def _wait_as_spare(read: int, server_fds: tuple[int, ...]) -> None:
             chunks.append(chunk)
         os.close(read)
         if chunks:
-            _set_name(name)
+            if name:
+                _set_name(name)
             job, _, request = b"".join(chunks).partition(b"\n")
             run_child(job.decode(), request, ())
     finally:
