@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import unittest
 import warnings
 from typing import Any
 
@@ -563,20 +562,6 @@ def test_hooks_and_wrappers_are_removed_afterwards(recipe: type[recipes.MLP]) ->
 
 
 class MixinTest(tp.TestCase):
-    def test_pass_returns_the_result(self) -> None:
-        result = self.assertAccumulationEquivalent(recipes.MLP, comparison=TOL)
-        self.assertTrue(result.passed)
-
-    def test_fail_raises_with_the_report(self) -> None:
-        with self.assertRaises(AssertionError) as raised:
-            self.assertAccumulationEquivalent(recipes.NotScaled, comparison=TOL)
-        self.assertIn("cause: loss_not_scaled", str(raised.exception))
-
-    def test_abstain_skip(self) -> None:
-        with self.assertRaises(unittest.SkipTest) as raised:
-            self.assertAccumulationEquivalent(recipes.NoisyStep, comparison=TOL, abstain="skip")
-        self.assertIn("draws random numbers", str(raised.exception))
-
     def test_error_reraises_the_recipe_error(self) -> None:
         with self.assertRaisesRegex(ValueError, "boom in step"):
             self.assertAccumulationEquivalent(recipes.RaisesInStep)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import inspect
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
 import unittest
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import mode_recipes
+import preflight_recipes
 import pytest
+import test_accumulation_recipes as accumulation_recipes
 
 import trainparity as tp
 from trainparity._process import _session
@@ -67,6 +71,67 @@ def test_a_mixin_method_is_its_assertion_function_with_self(assertion: Callable[
     assert self_parameter.name == "self"
     assert parameters == list(inspect.signature(assertion).parameters.values())
     assert method.__doc__ == assertion.__doc__
+
+
+class Call(NamedTuple):
+    """A mixin method's arguments: the recipe (or data) and keywords."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = {}
+
+
+#: each check's mixin method with a call that passes, one that fails (and a text of its report) and one that abstains
+#: (and a text of its reason); the check's name, as the session hears it
+MIXIN_TABLE = [
+    pytest.param("assertAccumulationEquivalent", "accumulation",
+                 Call((accumulation_recipes.MLP,), {"comparison": accumulation_recipes.TOLERANCE}),
+                 Call((accumulation_recipes.NotScaled,), {"comparison": accumulation_recipes.TOLERANCE}),
+                 "cause: loss_not_scaled",
+                 Call((accumulation_recipes.NoisyStep,), {"comparison": accumulation_recipes.TOLERANCE}),
+                 "draws random numbers", id="accumulation"),
+    pytest.param("assertCoverage", "coverage", Call(({0: [[0, 1]], 1: [[2, 3]]},), {"policy": UNIVERSE}),
+                 Call((FAILING,), {"policy": UNIVERSE}), "First violation: coverage.cross_rank_duplicate",
+                 Call(({0: [[0]]},), {"policy": tp.ExactlyOnce(None)}), "the universe", id="coverage"),
+    pytest.param("assertOptimizerCoverage", "optimizer_coverage", Call((preflight_recipes.MLP,)),
+                 Call((preflight_recipes.HeadNotOptimized,)), "(param_not_optimized, step 0)",
+                 Call((preflight_recipes.NoOptimizer,)),
+                 "holds no optimizer", id="optimizer_coverage"),
+    pytest.param("assertMixedPrecisionSafe", "mixed_precision", Call((preflight_recipes.Amp,), {"steps": 2}),
+                 Call((preflight_recipes.UpdateMissing,)), "(scaler_update_missing, step 1)",
+                 Call((preflight_recipes.NoOptimizer,)),
+                 "holds no optimizer", id="mixed_precision"),
+    pytest.param("assertFrozen", "frozen", Call((mode_recipes.HoldsEveryParameter,)),
+                 Call((mode_recipes.BackboneInTrainMode,)), "(frozen_module_in_train_mode, step 1)",
+                 Call((mode_recipes.NothingFrozen,)), "nothing is frozen",
+                 id="frozen"),
+    pytest.param("assertTrainMode", "train_mode", Call((mode_recipes.FrozenBackbone,), {"eval_modules": "backbone"}),
+                 Call((mode_recipes.EvalInSetup,), {"steps": 1}), "(module_left_in_eval, step 1)",
+                 Call((mode_recipes.NoForward,)), "no forward pass of a module of the State ran",
+                 id="train_mode"),
+]
+
+
+@pytest.mark.parametrize(("method", "check", "passing", "failing", "failure", "abstaining", "reason"), MIXIN_TABLE)
+def test_each_mixin_method_returns_a_pass_fails_a_fail_and_skips_an_abstain_on_request(
+        method: str, check: str, passing: Call, failing: Call, failure: str, abstaining: Call, reason: str) -> None:
+    """The mixin of every check, one table: the session hears the check once; a FAIL is the case's
+    failureException with the report; an ABSTAIN fails, or raises unittest.SkipTest with its reason under
+    abstain="skip"."""
+    assertion = getattr(tp.TestCase(), method)
+    heard: list[tp.Result] = []
+    _session.add_listener(heard.append)
+    try:
+        result = assertion(*passing.args, **passing.kwargs)
+    finally:
+        _session.remove_listener(heard.append)
+    assert result.passed, result.report()
+    assert [r.check for r in heard] == [check]
+    with pytest.raises(AssertionError, match=re.escape(failure)):
+        assertion(*failing.args, **failing.kwargs)
+    with pytest.raises(AssertionError, match="ABSTAIN"):
+        assertion(*abstaining.args, **abstaining.kwargs)
+    with pytest.raises(unittest.SkipTest, match=re.escape(reason)):
+        assertion(*abstaining.args, **abstaining.kwargs, abstain="skip")
 
 
 def test_pass_returns_the_result() -> None:

@@ -646,12 +646,6 @@ class TestAssertCoverage(tp.TestCase):
         self.assertTrue(str(caught.exception).startswith("trainparity coverage check: FAIL at coverage."))
         self.assertTrue(str(caught.exception).endswith("\n\nmy message"))
 
-    def test_abstain_fails_or_skips(self) -> None:
-        with self.assertRaisesRegex(AssertionError, "ABSTAIN"):
-            self.assertCoverage({0: [0]}, policy=tp.ExactlyOnce(None))
-        with self.assertRaises(unittest.SkipTest):
-            self.assertCoverage({0: [0]}, policy=tp.ExactlyOnce(None), abstain="skip")
-
     def test_error_reraises_the_users_exception(self) -> None:
         with self.assertRaisesRegex(KeyError, "idx"):
             self.assertCoverage({0: [{"id": 0}]}, policy=tp.NoCrossRankOverlap(), sample_ids=lambda b: b["idx"])

@@ -14,7 +14,6 @@ from torch import nn
 
 import trainparity as tp
 from trainparity._preflight._frozen import FrozenTrace
-from trainparity._process import _session
 from trainparity._process._wire import dump, load
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
@@ -224,27 +223,6 @@ def test_assertions_and_json() -> None:
     document = json.loads(tp.check_frozen(recipes.BackboneInTrainMode).to_json())
     assert document["check"] == "frozen" and document["first_violation"]["cause"] == "frozen_module_in_train_mode"
     assert document["counts"] == {"frozen_buffer_changed": 3}
-
-
-class TestMixin(tp.TestCase):
-    def test_methods(self) -> None:
-        self.assertFrozen(recipes.HoldsEveryParameter)
-        with self.assertRaises(self.failureException):
-            self.assertFrozen(recipes.BackboneInTrainMode)
-
-    def test_abstain_skips_on_request(self) -> None:
-        with self.assertRaises(__import__("unittest").SkipTest):
-            self.assertFrozen(recipes.NothingFrozen, abstain="skip")
-
-
-def test_the_session_hears_the_check_once() -> None:
-    heard: list[tp.Result] = []
-    _session.add_listener(heard.append)
-    try:
-        tp.assert_frozen(recipes.FrozenBackbone, steps=1)
-    finally:
-        _session.remove_listener(heard.append)
-    assert [result.check for result in heard] == ["frozen"]
 
 
 def test_nothing_is_left_patched_after_the_check() -> None:

@@ -421,31 +421,6 @@ def test_assertions_raise_with_the_report_and_return_the_result_on_pass() -> Non
         tp.assert_optimizer_coverage(recipes.UnusedHead)
 
 
-class TestMixin(tp.TestCase):
-    def test_methods(self) -> None:
-        self.assertOptimizerCoverage(recipes.MLP)
-        self.assertMixedPrecisionSafe(recipes.Amp, steps=2)
-        with self.assertRaises(self.failureException):
-            self.assertOptimizerCoverage(recipes.HeadNotOptimized)
-        with self.assertRaises(self.failureException):
-            self.assertMixedPrecisionSafe(recipes.UpdateMissing)
-
-    def test_abstain_skips_on_request(self) -> None:
-        with self.assertRaises(__import__("unittest").SkipTest):
-            self.assertOptimizerCoverage(recipes.NoOptimizer, abstain="skip")
-
-
-def test_the_session_hears_both_checks_once() -> None:
-    heard: list[tp.Result] = []
-    _session.add_listener(heard.append)
-    try:
-        tp.assert_optimizer_coverage(recipes.MLP)
-        tp.check_mixed_precision(recipes.Amp, steps=1)
-    finally:
-        _session.remove_listener(heard.append)
-    assert [result.check for result in heard] == ["optimizer_coverage", "mixed_precision"]
-
-
 def test_the_session_default_isolation_applies() -> None:
     from trainparity._preflight._run import Preflight
 

@@ -195,27 +195,6 @@ def test_assertions_and_json() -> None:
     assert document["counts"] == {"eval_in_train_mode": 1}
 
 
-class TestMixin(tp.TestCase):
-    def test_methods(self) -> None:
-        self.assertTrainMode(recipes.FrozenBackbone, eval_modules="backbone")
-        with self.assertRaises(self.failureException):
-            self.assertTrainMode(recipes.EvalInSetup, steps=1)
-
-    def test_abstain_skips_on_request(self) -> None:
-        with self.assertRaises(__import__("unittest").SkipTest):
-            self.assertTrainMode(recipes.NoForward, abstain="skip")
-
-
-def test_the_session_hears_the_check_once() -> None:
-    heard: list[tp.Result] = []
-    _session.add_listener(heard.append)
-    try:
-        tp.assert_train_mode(recipes.Training, steps=1)
-    finally:
-        _session.remove_listener(heard.append)
-    assert [result.check for result in heard] == ["train_mode"]
-
-
 def test_nothing_is_left_patched_and_modes_are_the_recipes() -> None:
     import torch.nn.functional as F
     from torch import nn
