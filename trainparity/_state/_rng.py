@@ -36,10 +36,13 @@ def seed_everything(seed: int) -> None:
     """Seed every global stream the harness tracks (torch, numpy, python, an accelerator's)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    if torch.accelerator.is_available():
-        torch.manual_seed(seed)
-    else:  # the same, without queueing the seeding of accelerators that are not there (0.1 ms, each formats a stack)
+    # A build without an accelerator has only the CPU generator to seed: torch.manual_seed would queue the seeding of
+    # each absent accelerator as well (0.1 ms, each formatting a stack). The build is asked, not the device:
+    # `is_available()` would initialize CUDA's driver, after which a fork is unsafe.
+    if torch.accelerator.current_accelerator() is None:
         torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 #: a random stream's state digested: 16 bytes of BLAKE2b over its exact bytes, equal in any process for equal
