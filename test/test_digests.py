@@ -15,6 +15,7 @@ from trainparity._resume._trace import RunTrace, TrainPayload, train_run
 from trainparity._state import _digest
 from trainparity._state._compare import DIGESTS_DIFFER
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
+from trainparity._state._snapshot import STEP_WHOLE_BYTES, Digesting, snapshot_state
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -128,20 +129,31 @@ def test_a_large_table_loaded_negated_is_not_restored_at_its_path(negate: bool) 
     assert (first.path, first.cause) == ("table", "not_restored"), result.report()
 
 
-def test_a_step_travels_as_digests_alone_and_the_save_keeps_its_small_tensors_whole(tmp_path: pathlib.Path) -> None:
-    """What the parent holds per step is digests, whatever the tensors' sizes (its memory does not grow with the
-    steps beyond them); the save, once per run, ships small tensors whole."""
+def test_a_step_keeps_a_budget_of_small_tensors_whole_and_the_save_every_small_tensor(tmp_path: pathlib.Path) -> None:
+    """What the parent holds per step is bounded: large tensors as digests, small ones whole up to STEP_WHOLE_BYTES
+    (the report shows their values without training again); the save, once per run, ships every small tensor whole."""
     payload = TrainPayload(resolve_recipe(Wide()), 0, 1, 2, str(tmp_path / "checkpoint"), save=True, digests=True)
     trace = RunTrace.from_wire(train_run(payload, tmp_path))
     step = trace.steps[-1]
-    tensors = [value for value in [*step.state.values(), *step.rng.values()]
-               if not isinstance(value, (bool, int, float, str, type(None)))]
-    assert tensors and all(isinstance(value, Digest) for value in tensors), step
+    assert isinstance(step.state["model.0.weight"], Digest)  # 512 KiB
+    assert isinstance(step.state["model.0.bias"], torch.Tensor)  # 2 KiB
+    assert isinstance(step.rng["rng.torch"], torch.Tensor)
     assert trace.saved is not None
-    assert isinstance(trace.saved.state["model.0.weight"], Digest)  # 512 KiB
-    assert isinstance(trace.saved.state["model.0.bias"], torch.Tensor)  # 2 KiB
-    assert isinstance(trace.saved.rng["rng.torch"], torch.Tensor)
+    assert isinstance(trace.saved.state["model.0.weight"], Digest)
+    assert isinstance(trace.saved.state["model.0.bias"], torch.Tensor)
     assert torch.finfo(torch.float64).bits // 8 * 256 * 256 > DIGEST_ABOVE_BYTES
+
+
+def test_the_budget_of_a_step_digests_small_tensors_past_it_in_the_walk_s_order() -> None:
+    state = tp.State(**{f"t{i:03d}": torch.full((512,), float(i), dtype=torch.float64) for i in range(100)})  # 4 KiB
+    step = snapshot_state(state, Digesting.at((), 1, every_step=True))
+    whole = [path for path, value in step.items() if isinstance(value, torch.Tensor)]
+    assert whole == [f"t{i:03d}" for i in range(STEP_WHOLE_BYTES // 4096)], whole
+    assert all(isinstance(step[f"t{i:03d}"], Digest) for i in range(len(whole), 100))
+    shipped = Digesting.at(((1, ("t099",)),), 1, every_step=True)  # a path asked for whole is whole, past the budget
+    assert isinstance(snapshot_state(state, shipped)["t099"], torch.Tensor)
+    saved = snapshot_state(state, Digesting.at((), 0, every_step=True))  # the load and the save: by size alone
+    assert all(isinstance(value, torch.Tensor) for value in saved.values())
 
 
 @pytest.mark.parametrize(("fault", "path", "step"), [("weight", "model.0.weight", 3),

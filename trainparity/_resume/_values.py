@@ -34,8 +34,10 @@ def values_wanted(result: ResumeResult, baseline: RunTrace, resumed: RunTrace, r
     diverged = [v for v in result.violations if v.kind == "state_mismatch" and v.step is not None
                 and v.step > resume_at]
     step = min((v.step for v in diverged if v.step is not None), default=resume_at)
+    # a step's snapshot keeps small tensors whole up to a budget: either run may hold a digest where the other does not
+    digested = (baseline.steps[step - 1].state, resumed.steps[step - resume_at - 1].state) if diverged else ()
     at_step = frozenset(v.path for v in diverged if v.step == step
-                        and isinstance(baseline.steps[step - 1].state.get(v.path), Digest))
+                        and any(isinstance(state.get(v.path), Digest) for state in digested))
     return Wanted(boundary, step, at_step) if boundary or at_step else None
 
 

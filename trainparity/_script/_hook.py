@@ -72,7 +72,8 @@ class ScriptRun:
     handoff: str | None = None
     #: paths shipped whole all the same: at a step (by number), or at the load and the save (key 0)
     whole: tuple[tuple[int, tuple[str, ...]], ...] = ()
-    #: every tensor of a step travels as a digest (the resume check fetches the values its report shows)
+    #: a step's tensors travel as digests but for a few small ones (`Digesting.at`); the resume check fetches the
+    #: values its report shows
     step_digests: bool = False
 
     def to_json(self) -> str:

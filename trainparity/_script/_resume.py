@@ -77,7 +77,7 @@ def check_resume_script(
         job = runs.job
 
         def traced(mode: str, last: int, first: int, **fields: Any) -> ScriptRun:
-            # Every tensor of a step as a digest: the values the report shows are fetched (rerun below).
+            # A step's tensors as digests but for a few small ones: the values the report shows are fetched (below).
             return ScriptRun(mode, last, resume_at, first, step_digests=True, **fields)
 
         handoff = str(chains / "saved-at")

@@ -30,25 +30,37 @@ from trainparity._state._entries import State, entry_components, is_leaf, parame
 from trainparity._state._rng import capture_rng, stream_digest, stream_kind
 from trainparity._state._tensors import copied_to_cpu, leaf, readable
 
+#: bytes of small tensors a step's snapshot keeps whole where the rest travel as digests (`Digesting.at`): the
+#: report shows their values without training the runs again, and the parent holds at most this much per step
+STEP_WHOLE_BYTES = 256 * 1024
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass
 class Digesting:
-    """Which tensors a snapshot keeps as digests: those of more than `above` bytes, but the `full` paths."""
+    """Which tensors one snapshot keeps as digests: those of more than `above` bytes, but the `full` paths; where
+    `budget` is set, also those that would take the bytes kept whole (in the walk's order) past it."""
 
     above: int = DIGEST_ABOVE_BYTES
     full: frozenset[str] = frozenset()
+    budget: int | None = None
 
     @classmethod
     def at(cls, whole: Iterable[tuple[int, Iterable[str]]], step: int, every_step: bool = False) -> Digesting:
         """Digesting for the snapshot of `step` (0: at the load and the save), with the paths `whole`
         lists for that step shipped whole. `every_step`: a step's snapshot (not the load's or the save's)
-        digests every tensor, whatever its size, so that what the parent holds per step is digests alone
-        (the check fetches the values its report shows)."""
+        keeps at most `STEP_WHOLE_BYTES` whole, so that what the parent holds per step stays small (the check
+        fetches the values of digested tensors its report shows)."""
         full = frozenset(next((paths for at, paths in whole if at == step), ()))
-        return cls(above=0 if every_step and step > 0 else DIGEST_ABOVE_BYTES, full=full)
+        return cls(full=full, budget=STEP_WHOLE_BYTES if every_step and step > 0 else None)
 
     def applies(self, path: str, value: torch.Tensor) -> bool:
-        return value.nbytes > self.above and path not in self.full
+        if path in self.full:
+            return False
+        if value.nbytes > self.above or (self.budget is not None and value.nbytes > self.budget):
+            return True
+        if self.budget is not None:
+            self.budget -= value.nbytes
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
