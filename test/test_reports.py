@@ -12,7 +12,7 @@ from resume_recipes import ResumeRecipe
 
 import trainparity as tp
 from trainparity._results._report import ascii_text
-from trainparity._state._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors
+from trainparity._state._compare import _CLOSE_CHUNK, compare_leaves, compare_tensors, tensors_agree
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -129,8 +129,8 @@ SPECIAL = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1.0, 1.5, 2.0, 
 @example(dtype=torch.float64, pairs=[(float("nan"), float("nan"))], tolerance=(1e-7, 1e-7), position=0)
 def test_tolerance_verdict_is_torch_isclose(dtype: torch.dtype, pairs: list[tuple[float, float]],
                                             tolerance: tuple[float, float], position: int) -> None:
-    """The chunked short cut of compare_tensors agrees with torch.isclose(equal_nan=True) on every element,
-    also past the first chunk."""
+    """The chunked short cut of compare_tensors (and of tensors_agree, which answers without describing the
+    mismatch) agrees with torch.isclose(equal_nan=True) on every element, also past the first chunk."""
     filler = torch.linspace(-3, 3, position + len(pairs), dtype=torch.float64)
     expected, actual = filler.clone(), filler.clone()
     expected[position:] = torch.tensor([e for e, _ in pairs], dtype=torch.float64)
@@ -140,3 +140,4 @@ def test_tolerance_verdict_is_torch_isclose(dtype: torch.dtype, pairs: list[tupl
     close = bool(torch.isclose(expected, actual, rtol=rtol, atol=atol, equal_nan=True).all())
     mismatch = compare_tensors(expected, actual, tp.ToleranceComparison(rtol=rtol, atol=atol))
     assert (mismatch is None) == close, mismatch
+    assert tensors_agree(expected, actual, tp.ToleranceComparison(rtol=rtol, atol=atol)) == close

@@ -161,13 +161,14 @@ def _greatest(differences: torch.Tensor) -> tuple[torch.Tensor, int]:
 _CLOSE_CHUNK = 1 << 18
 
 
-def _all_close(expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: float) -> bool:
-    """True only where `torch.isclose(expected, actual, rtol, atol, equal_nan=True)` holds for every element.
+def _all_close(expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: float) -> bool | None:
+    """Whether `torch.isclose(expected, actual, rtol, atol, equal_nan=True)` holds for every element: True, False,
+    or None where an element's error is NaN or infinite (isclose then decides: NaN and NaN, inf and inf are close).
 
     The same operations as isclose (`|expected - actual| <= atol + |actual * rtol|`, rounded alike), chunk by
     chunk into reused buffers: isclose makes about ten full-size temporaries, several times the cost of the
-    training step whose state it compares. False also where a NaN or an infinity is involved (the allowed
-    error is capped at the largest finite value, so an infinite error never passes): isclose then decides.
+    training step whose state it compares; and it stops at the first chunk that differs. The allowed error is
+    capped at the largest finite value, so an infinite error never passes.
     """
     e, a = expected.detach().reshape(-1), actual.detach().reshape(-1)
     size = min(_CLOSE_CHUNK, e.numel())
@@ -186,22 +187,38 @@ def _all_close(expected: torch.Tensor, actual: torch.Tensor, rtol: float, atol: 
         allowed[:n].abs_().add_(atol).clamp_(max=largest)
         torch.le(error[:n], allowed[:n], out=within[:n])
         if not bool(within[:n].all()):
-            return False
+            return False if bool(torch.isfinite(error[:n][~within[:n]]).all()) else None
     return True
 
 
-def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Comparison) -> Mismatch | None:
-    """Compare two tensors; None when they agree under `comparison`. The path is left empty."""
+def tensors_agree(expected: torch.Tensor, actual: torch.Tensor, comparison: Comparison) -> bool:
+    """Whether `compare_tensors` finds them in agreement, without describing how they differ where they do."""
     if expected is actual:
-        return None  # a snapshot that shares another's leaf (`_snapshot.Sharing`)
+        return True  # a snapshot that shares another's leaf (`_snapshot.Sharing`)
+    if expected.shape != actual.shape or expected.dtype != actual.dtype:
+        return False
+    if bitwise_equal(expected, actual):
+        return True  # the common case, without the float64 copies below
+    if opaque(expected.dtype) or isinstance(comparison, ExactComparison):
+        return False
+    rtol, atol = comparison.allowed(expected.dtype)
+    e_values, a_values = arithmetic_view(expected), arithmetic_view(actual)
+    close = _all_close(e_values, a_values, rtol, atol) if e_values.dtype.is_floating_point else None
+    if close is not None:
+        return close
+    return bool(torch.isclose(e_values, a_values, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Comparison) -> Mismatch | None:
+    """Compare two tensors; None when they agree under `comparison` (`tensors_agree`). The path is left empty."""
+    if tensors_agree(expected, actual, comparison):
+        return None
     for attribute in ("shape", "dtype"):
         e, a = getattr(expected, attribute), getattr(actual, attribute)
         if e != a:
             return Mismatch(
                 "", f"The values for attribute '{attribute}' do not match: {e} != {a}.", str(e), str(a)
             )
-    if bitwise_equal(expected, actual):
-        return None  # the common case, without the float64 copies below
     if opaque(expected.dtype):
         return _opaque_mismatch(expected, actual)
     rtol, atol = comparison.allowed(expected.dtype)
@@ -209,11 +226,7 @@ def compare_tensors(expected: torch.Tensor, actual: torch.Tensor, comparison: Co
     if isinstance(comparison, ExactComparison):
         matches = (element_bits(expected) == element_bits(actual)).all(dim=1).reshape(expected.shape)
     else:
-        if e_values.dtype.is_floating_point and _all_close(e_values, a_values, rtol, atol):
-            return None
         matches = torch.isclose(e_values, a_values, rtol=rtol, atol=atol, equal_nan=True)
-        if bool(matches.all()):
-            return None
     floating = expected.dtype.is_floating_point or expected.dtype.is_complex
     wide = (torch.complex128 if expected.dtype.is_complex
             else torch.float64 if floating or e_values.dtype.is_floating_point else torch.int64)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Comparison, Leaf, Snapshot, compare_tensors
+from trainparity._state._compare import EMPTY_DICT, EMPTY_SEQUENCE, Comparison, Leaf, Snapshot, tensors_agree
 from trainparity._state._containers import (
     TYPE_COMPONENT,
     canonical_text,
@@ -79,7 +79,7 @@ class Sharing:
     def leaf(self, path: str, tensor: torch.Tensor) -> torch.Tensor | None:
         known = self.expected.get(path)
         if isinstance(known, torch.Tensor) and tensor.device.type == "cpu" and (
-                compare_tensors(known, tensor, self.comparison) is None):
+                tensors_agree(known, tensor, self.comparison)):
             return known
         return None
 
