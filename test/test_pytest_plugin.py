@@ -111,14 +111,16 @@ def project(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.mark.numeric
 def test_header_options_and_summary(project: pathlib.Path) -> None:
-    done = run_pytest(project, "tests", "--trainparity-isolation=spawn", "--trainparity-timeout=90",
+    # inprocess rather than spawn: test_resume_in_a_fresh_interpreter already starts fresh interpreters
+    done = run_pytest(project, "tests", "--trainparity-isolation=inprocess", "--trainparity-timeout=90",
                       "--trainparity-precision=native")
     assert done.returncode == 1, done.stdout + done.stderr  # test_coverage_fails
     header = (f"trainparity {tp.__version__} (torch {torch.__version__}, Python {sys.version.split()[0]}); "
-              "check defaults: isolation=spawn, timeout=90s, precision=native")
+              "check defaults: isolation=inprocess, timeout=90s, precision=native")
     assert header in done.stdout.splitlines(), done.stdout
     found = reports(project)
-    assert found["resume"]["config"]["isolation"] == "spawn"  # type: ignore[index]
+    assert found["resume"]["config"]["isolation"] == "inprocess"  # type: ignore[index]
+    assert found["spawn"]["config"]["isolation"] == "spawn"  # type: ignore[index]  # the argument wins
     assert found["accumulation"]["config"]["isolation"] == "process"  # type: ignore[index]  # the argument wins
     assert found["accumulation"]["config"]["precision"] == "native"  # type: ignore[index]
     assert found["resume"]["defaults"] == [90.0, "native"]
