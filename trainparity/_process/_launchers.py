@@ -172,8 +172,7 @@ class Spawner:
             [sys.executable, "-c", "from trainparity._process._child import main; main()"],
             stdin=subprocess.PIPE,
             start_new_session=True,
-            env={**os.environ, **_bytecode_environment(), "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                 JOB_MARKER: job},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), JOB_MARKER: job},
         )
         self._children[job] = popen
         assert popen.stdin is not None
@@ -187,8 +186,7 @@ class Spawner:
     def start_command(self, job: str, command: Sequence[str], env: dict[str, str], cwd: str | None) -> None:
         """Run a program of the user's (a training script) as the job, its stdin at end of file."""
         self._children[job] = subprocess.Popen(list(command), stdin=subprocess.DEVNULL, start_new_session=True,
-                                               env={**os.environ, **_bytecode_environment(), **env, JOB_MARKER: job},
-                                               cwd=cwd)
+                                               env={**os.environ, **env, JOB_MARKER: job}, cwd=cwd)
 
     def kill(self, job: str) -> None:
         if job in self._children:
@@ -212,15 +210,6 @@ class Spawner:
 SERVER = ForkServer()
 SERVER_LOCK = threading.Lock()
 atexit.register(SERVER.shutdown)
-
-
-def _bytecode_environment() -> dict[str, str]:
-    """Where bytecode is not written (PYTHONDONTWRITEBYTECODE) and the fork server runs, a fresh interpreter caches
-    its bytecode in the server's directory, as the forked children do: trainparity's modules and the user's are
-    compiled once per server, not once per interpreter (about 0.15 s of each start). Nothing where bytecode is
-    written as usual, or where no server runs."""
-    directory = SERVER.bytecode_directory()
-    return {} if directory is None else {"PYTHONPYCACHEPREFIX": directory, "PYTHONDONTWRITEBYTECODE": ""}
 
 
 def warm_up() -> None:
