@@ -160,6 +160,25 @@ DROPOUT_FUNCTIONS: dict[Callable[..., Any], FunctionalDropout] = {
 }
 
 
+#: torch's namespaces by module name: how many names each held when indexed, and each of its names by the id of
+#: what it held then (`_torch_names`)
+_TORCH_INDEX: dict[str, tuple[int, dict[int, list[str]]]] = {}
+
+
+def _torch_names(namespace: Any, function: Callable[..., Any]) -> list[str]:
+    """The names under which one of torch's namespaces holds `function` now. Its few hundred names are indexed once
+    (again if it gains or loses names), not walked at every check: each name found is checked to hold `function`
+    still, so a name rebound since is passed over."""
+    names = vars(namespace)
+    size, index = _TORCH_INDEX.get(namespace.__name__, (-1, {}))
+    if size != len(names):
+        index = {}
+        for attribute, value in names.items():
+            index.setdefault(id(value), []).append(attribute)
+        _TORCH_INDEX[namespace.__name__] = (len(names), index)
+    return [attribute for attribute in index.get(id(function), []) if names.get(attribute) is function]
+
+
 def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: dict[Callable[..., Any], str],
                     make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
     """Replace `functions` (torch's, each named) by `make_wrapper(function, name)` in torch's namespaces and in the
@@ -167,13 +186,20 @@ def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: d
     replacement's undoing goes on `stack`."""
     import torch.nn.utils.clip_grad as clip_grad
 
-    namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
-    namespaces += [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
-    # by id: a namespace (torch.nn.functional) holds hundreds of names, each looked up once
-    wrappers = {id(original): make_wrapper(original, name) for original, name in functions.items()}
-    for namespace in dict.fromkeys(namespaces):
-        for attribute, value in list(vars(namespace).items()):
-            wrapper = wrappers.get(id(value))
-            if wrapper is not None:  # `functions` holds the object, so its id is no other object's
-                setattr(namespace, attribute, wrapper)
-                stack.callback(setattr, namespace, attribute, value)
+    torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
+    recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
+    wrappers = {original: make_wrapper(original, name) for original, name in functions.items()}
+    found: list[tuple[Any, str, Callable[..., Any]]] = []
+    for namespace in torch_namespaces:
+        found += [(namespace, attribute, original) for original in wrappers
+                  for attribute in _torch_names(namespace, original)]
+    # by id: a module of the user's may hold hundreds of names, each looked up once
+    by_id = {id(original): original for original in wrappers}
+    for namespace in dict.fromkeys(recipe_namespaces):
+        if namespace in torch_namespaces:
+            continue
+        found += [(namespace, attribute, by_id[id(value)]) for attribute, value in list(vars(namespace).items())
+                  if id(value) in by_id]  # `functions` holds the object, so its id is no other object's
+    for namespace, attribute, original in found:
+        setattr(namespace, attribute, wrappers[original])
+        stack.callback(setattr, namespace, attribute, original)

@@ -17,7 +17,7 @@ import torch
 
 from trainparity._results._violation import JsonValue, format_number, json_safe
 from trainparity._state._digest import Digest, digest
-from trainparity._state._tensors import arithmetic_view, element_bits, opaque
+from trainparity._state._tensors import arithmetic_view, element_bits, flat_bits, opaque
 from trainparity._validation import InvalidArgument
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
@@ -124,7 +124,7 @@ def bitwise_equal(expected: torch.Tensor, actual: torch.Tensor) -> bool:
     """Same dtype, shape and bytes."""
     if expected.dtype != actual.dtype or expected.shape != actual.shape:
         return False
-    return torch.equal(element_bits(expected), element_bits(actual))
+    return torch.equal(flat_bits(expected), flat_bits(actual))
 
 
 def _unravel(flat_index: int, shape: torch.Size) -> tuple[int, ...]:

@@ -125,7 +125,20 @@ def flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None = 
 
 def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, enclosing: dict[int, str],
              sharing: Sharing | None) -> None:
-    if is_container(value):
+    if isinstance(value, (torch.Tensor, np.ndarray)):  # first: most leaves are tensors
+        values = readable(value) if isinstance(value, torch.Tensor) else _array_values(value)
+        shared = sharing.leaf(path, values) if sharing is not None and isinstance(values, torch.Tensor) else None
+        if isinstance(values, list):  # a nested tensor's components, an array of strings or objects
+            _flatten(path, values, out, digesting, enclosing, sharing)
+        elif isinstance(values, str):
+            out[path] = values
+        elif shared is not None:
+            out[path] = shared
+        elif digesting is not None and digesting.applies(path, values):
+            out[path] = digest(values)
+        else:
+            out[path] = copied_to_cpu(values)
+    elif is_container(value):
         if id(value) in enclosing:  # a container holding itself: the back-reference is the leaf
             out[path] = f"<the container at {enclosing[id(value)]}>"
             return
@@ -144,19 +157,6 @@ def _flatten(path: str, value: Any, out: Snapshot, digesting: Digesting | None, 
         for key, item in items:
             _flatten(f"{path}.{key}", item, out, digesting, enclosing, sharing)
         del enclosing[id(value)]
-    elif isinstance(value, (torch.Tensor, np.ndarray)):
-        values = readable(value) if isinstance(value, torch.Tensor) else _array_values(value)
-        shared = sharing.leaf(path, values) if sharing is not None and isinstance(values, torch.Tensor) else None
-        if isinstance(values, list):  # a nested tensor's components, an array of strings or objects
-            _flatten(path, values, out, digesting, enclosing, sharing)
-        elif isinstance(values, str):
-            out[path] = values
-        elif shared is not None:
-            out[path] = shared
-        elif digesting is not None and digesting.applies(path, values):
-            out[path] = digest(values)
-        else:
-            out[path] = copied_to_cpu(values)
     else:
         out[path] = to_leaf(value)
 

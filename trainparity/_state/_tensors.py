@@ -110,12 +110,15 @@ def arithmetic_view(tensor: torch.Tensor) -> torch.Tensor:
 _INTEGER_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def element_bits(tensor: torch.Tensor) -> torch.Tensor:
-    """Each element's bytes as a row of integers (one, or two for 16-byte elements), so `==` compares bits.
+def flat_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as one row of integers (two per 16-byte element), for `torch.equal` to compare bits.
 
     A view where the tensor is contiguous; empty and 0-dim tensors included.
     """
-    flat = tensor.detach().contiguous().reshape(-1)
-    width = flat.element_size()
-    word = _INTEGER_VIEWS[min(width, 8)]
-    return flat.view(word).reshape(flat.shape[0], width // word.itemsize)
+    return tensor.detach().reshape(-1).view(_INTEGER_VIEWS[min(tensor.element_size(), 8)])
+
+
+def element_bits(tensor: torch.Tensor) -> torch.Tensor:
+    """Each element's bytes as a row of integers (one, or two for 16-byte elements), so `==` compares bits."""
+    width = tensor.element_size()
+    return flat_bits(tensor).reshape(tensor.numel(), width // _INTEGER_VIEWS[min(width, 8)].itemsize)
