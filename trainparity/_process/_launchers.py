@@ -193,6 +193,13 @@ class Spawner:
             kill_tree(self._children[job].pid, job)
 
     def exits(self, wait: float) -> list[tuple[str, int, int]]:
+        ended = self._reap()
+        if not ended and wait > 0 and self._children:
+            self._wait_for_an_exit(wait)
+            ended = self._reap()
+        return ended
+
+    def _reap(self) -> list[tuple[str, int, int]]:
         ended = []
         for job, popen in list(self._children.items()):
             # WNOWAIT: the child stays a zombie while what it left running is killed, so its pid is not reused
@@ -202,9 +209,25 @@ class Spawner:
             code = popen.wait()
             del self._children[job]
             ended.append((job, max(code, 0), -code if code < 0 else 0))
-        if not ended:
-            time.sleep(min(wait, 0.01))
         return ended
+
+    def _wait_for_an_exit(self, wait: float) -> None:
+        """Block until a child ends or `wait` seconds pass: on the children's pidfds (readable once a process has
+        ended), so that an exit is seen at once, not at a poll's next turn; a short sleep where there are none."""
+        fds: list[int] = []
+        try:
+            for popen in self._children.values():
+                fds.append(os.pidfd_open(popen.pid))
+        except (AttributeError, OSError):  # not Linux 5.3 or later, or refused in a sandbox
+            for fd in fds:
+                os.close(fd)
+            time.sleep(min(wait, 0.01))
+            return
+        try:
+            select.select(fds, [], [], wait)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
 
 SERVER = ForkServer()
