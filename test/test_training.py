@@ -208,6 +208,14 @@ def test_two_optimizers_each_with_its_schedule() -> None:
     with pytest.raises(ValueError, match=r"lr_schedule= names 'critic', not an optimizer of the State \(they are "
                                          r"'first_optimizer', 'second_optimizer'\)"):
         tp.check_training(recipes.TwoOptimizers(), steps=1, lr_schedule={"critic": [0.05]})
+    # found once setup() built the State, before a step: a step that raises is never reached
+    with pytest.raises(ValueError, match=r"lr_schedule= names 'critic'"):
+        tp.check_training(NeverSteps(), steps=3, lr_schedule={"critic": [0.05] * 3})
+
+
+class NeverSteps(recipes.TwoOptimizers):
+    def step(self, state: tp.State, batch: Any) -> Any:
+        raise RuntimeError("a check with a misused lr_schedule trained")
 
 
 def test_accumulation_counts_optimizer_steps_for_the_schedule() -> None:

@@ -25,7 +25,7 @@ from trainparity._observe._hooks import tensor_norms
 from trainparity._observe._observer import Observer
 from trainparity._observe._records import CallRecord, Clip, StepEvent
 from trainparity._preflight._run import Call, Preflight, PreflightPayload, nonfinite, observed_calls, observed_recipe
-from trainparity._preflight._training_judge import TrainingTrace, judge_training
+from trainparity._preflight._training_judge import TrainingTrace, judge_training, unknown_schedule_entries
 from trainparity._preflight._training_verdicts import Band, Schedule, Verdicts
 from trainparity._process import _session
 from trainparity._process._options import Isolation
@@ -33,6 +33,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._entries import state_objects
+from trainparity._validation import InvalidArgument
 
 __all__ = ["check_training"]
 
@@ -43,6 +44,8 @@ TASK = "trainparity._preflight._training:training_run"
 class TrainingPayload(PreflightPayload):
     #: every call gets the recipe's first batch again
     overfit: bool = False
+    #: the optimizer entries `lr_schedule` names (a mapping's keys): each must be one of the State's
+    scheduled: tuple[str, ...] = ()
 
 
 # -- the run (in the child) -------------------------------------------------------------------------
@@ -261,6 +264,9 @@ def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> dict[str, A
                        if value is observer.scaler), None)
         trace = TrainingTrace({entry: len(optimizer.param_groups) for entry, optimizer in observer.optimizers.items()},
                               scaler, probe.nonfinite_parameters(), [])
+        trace.misuse = unknown_schedule_entries(payload.scheduled, list(observer.optimizers))
+        if trace.misuse is not None:
+            return trace.to_wire()
         for call in observed_calls(recipe, observer, payload.steps, repeat_first=payload.overfit):
             measured, probe.measured = probe.measured, {}
             trace.steps.append(_training_step(call, observer.take_step_events(), measured,
@@ -310,11 +316,14 @@ def check_training(
                                  overfit_fraction=overfit_fraction, max_grad_norm=max_grad_norm,
                                  update_ratio=update_ratio, lr_schedule=lr_schedule,
                                  max_skipped_steps=max_skipped_steps, max_loss_growth=max_loss_growth)
-    payload = TrainingPayload(**vars(preflight.payload), overfit=verdicts.overfit)
+    scheduled = tuple(verdicts.lr_schedule) if isinstance(verdicts.lr_schedule, dict) else ()
+    payload = TrainingPayload(**vars(preflight.payload), overfit=verdicts.overfit, scheduled=scheduled)
     preflight = dataclasses.replace(preflight, payload=payload, config={**preflight.config, **verdicts.config()})
     outcome = preflight.run(TASK, TrainingTrace.from_wire)
     if outcome.error is not None:
         return TrainingResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainingTrace = outcome.output
+    if trace.misuse is not None:
+        raise InvalidArgument(trace.misuse)
     return judge_training(trace, preflight.config, verdicts)
 

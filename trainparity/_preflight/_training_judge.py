@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from trainparity._preflight._run import finite_number, once_per_path, steps_text
@@ -46,15 +47,27 @@ class TrainingTrace:
     #: the parameters holding an inf or a NaN right after setup()
     initial_nonfinite: list[str]
     steps: list[TrainingStep]
+    #: the misuse found once setup() built the State (an `lr_schedule` key that names no optimizer of it): the run
+    #: stopped there, without a step
+    misuse: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"optimizers": self.optimizers, "scaler": self.scaler, "initial_nonfinite": self.initial_nonfinite,
-                "steps": [step.to_wire() for step in self.steps]}
+                "steps": [step.to_wire() for step in self.steps], "misuse": self.misuse}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> TrainingTrace:
         return cls(dict(data["optimizers"]), data["scaler"], list(data["initial_nonfinite"]),
-                   [TrainingStep.from_wire(step) for step in data["steps"]])
+                   [TrainingStep.from_wire(step) for step in data["steps"]], data["misuse"])
+
+
+def unknown_schedule_entries(scheduled: Sequence[str], optimizers: Sequence[str]) -> str | None:
+    """The misuse message for `lr_schedule` keys that name no optimizer entry of the State; None when all do."""
+    unknown = sorted(set(scheduled) - set(optimizers))
+    if not unknown:
+        return None
+    return (f"lr_schedule= names {', '.join(map(repr, unknown))}, not an optimizer of the State (they are "
+            f"{', '.join(map(repr, optimizers)) or 'none'})")
 
 
 # -- the judgement ----------------------------------------------------------------------------------------------
@@ -416,11 +429,6 @@ class _Judge:
         for optimizer, indices in self.beyond.items():
             self.notes.append(f"lr_schedule holds fewer learning rates than optimizer '{optimizer}' took steps: its "
                               f"optimizer steps {indices[0] + 1}-{indices[-1] + 1} were not judged.")
-        if isinstance(verdicts.lr_schedule, dict):
-            unknown = sorted(set(verdicts.lr_schedule) - set(self.trace.optimizers))
-            if unknown:
-                raise InvalidArgument(f"lr_schedule= names {', '.join(map(repr, unknown))}, not an optimizer of the "
-                                      f"State (they are {', '.join(map(repr, self.trace.optimizers)) or 'none'})")
 
 
 def _close(actual: float, expected: float) -> bool:
