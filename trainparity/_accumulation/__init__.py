@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal, cast
 
-from trainparity._accumulation._judge import ContributionsNeeded, judge_accumulation
+from trainparity._accumulation._judge import judge_accumulation
 from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
@@ -169,18 +169,21 @@ def check_accumulation(
     if errored is not None:
         return errored
     reference_trace = outcomes[0].output
-    try:
-        return judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision,
-                                  batch_dependent)
-    except ContributionsNeeded:  # a gradient differs, and its diagnosis reads each micro-batch's contribution
-        del outcomes[1:]  # the first run's copies of what differed are not held through the second
+    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision,
+                                 batch_dependent)
+    if isinstance(verdict, AccumulationResult):
+        return verdict
+    # a gradient differs, and its diagnosis reads each micro-batch's contribution: the candidate runs again
+    del outcomes[1:]  # the first run's copies of what differed are not held through the second
     sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=judged_by)
     outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
                          deadline=deadline, isolation=isolation)
     errored = _errored(outcomes, config, precision)
     if errored is not None:
         return errored
-    return judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision, batch_dependent)
+    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision, batch_dependent)
+    assert isinstance(verdict, AccumulationResult), "a candidate that sampled the contributions is judged"
+    return verdict
 
 
 def _errored(outcomes: list[JobOutcome], config: dict[str, JsonValue], precision: str) -> AccumulationResult | None:

@@ -67,9 +67,9 @@ def _indices(values: Sequence[int]) -> str:
     return ", ".join(str(i) for i, v in enumerate(values) if v)
 
 
-class ContributionsNeeded(Exception):
-    """A gradient differs and its diagnosis reads each micro-batch's contribution, which the candidate's trace was
-    recorded without: the candidate must run again sampling them."""
+class ContributionsNeeded:
+    """The judge's answer where a gradient differs and its diagnosis reads each micro-batch's contribution, which
+    the candidate's trace was recorded without: the check runs the candidate again, sampling them."""
 
 
 def judge_accumulation(
@@ -80,9 +80,9 @@ def judge_accumulation(
     config: dict[str, JsonValue],
     precision: str,
     batch_dependent_mode: str,
-) -> AccumulationResult:
-    """The verdict on two traces; raises ValueError when the candidate's batches could not be cut, and
-    ContributionsNeeded when a diagnosis needs what the candidate's trace was recorded without."""
+) -> AccumulationResult | ContributionsNeeded:
+    """The verdict on two traces, or ContributionsNeeded when a diagnosis needs what the candidate's trace was
+    recorded without; raises ValueError when the candidate's batches could not be cut."""
     initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
                               compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
     for mismatch in initial:
@@ -129,6 +129,8 @@ def judge_accumulation(
         judgement = WindowJudgement(index, ref_window, cand_window, previous, k, comparison, candidate, precision,
                                     blamed)
         found = judgement.judge(judge_loss)
+        if judgement.contributions_needed:
+            return ContributionsNeeded()
         judged = index
         for template in judgement.notes:
             window_notes.setdefault(template, []).append(index)
@@ -254,6 +256,8 @@ class WindowJudgement:
         self.k, self.comparison, self.precision = k, comparison, precision
         self.optimizers, self.stride = candidate.optimizers, candidate.stride
         self.contributions_sampled = candidate.contributions_sampled
+        #: a gradient differed whose diagnosis reads the micro-batches' contributions, which were not sampled
+        self.contributions_needed = False
         self.batch_dependent = batch_dependent
         #: notes about this window, "{windows}" standing for where they hold
         self.notes: list[str] = []
@@ -408,7 +412,7 @@ class WindowJudgement:
     # -- gradients ---------------------------------------------------------------------------------
 
     def _gradients(self, diverged: set[str], earlier: bool) -> list[Draft]:
-        found = []
+        found: list[Draft] = []
         for entry in self.optimizers:
             if entry in diverged:
                 continue
@@ -421,6 +425,9 @@ class WindowJudgement:
                 if not mismatches:
                     continue
                 # After a step out of place, the gradients were computed at other parameters: no diagnosis.
+                if not earlier and not self.contributions_sampled:
+                    self.contributions_needed = True
+                    return found
                 cause, explanation = (None, FOLLOWS) if earlier else diagnose(
                     GRADIENT_DIAGNOSES, self._gradient_evidence(entry, ref_event, cand_event))
                 for name, mismatch in mismatches:
@@ -446,8 +453,6 @@ class WindowJudgement:
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
     def _gradient_evidence(self, entry: str, ref_event: StepEvent, cand_event: StepEvent) -> GradientEvidence:
-        if not self.contributions_sampled:
-            raise ContributionsNeeded
         lengths: dict[str, int] = {}
         for event in (ref_event, cand_event):
             for name, grad in event.grads.items():
