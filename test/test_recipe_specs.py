@@ -166,19 +166,23 @@ class Configured(tp.Recipe):
 
 
 if __name__ == "__main__":
-    result = tp.check_resume(Configured(Config(lr=0.1)), isolation=sys.argv[1], timeout=120)
-    print(result.report())
+    for isolation in sys.argv[1:]:
+        print(f"--- {isolation}")
+        print(tp.check_resume(Configured(Config(lr=0.1)), isolation=isolation, timeout=120).report())
 '''
 
 
-@pytest.mark.parametrize("isolation", ["process", "spawn", "inprocess"])
 @pytest.mark.parametrize("as_module", [False, True], ids=["python script.py", "python -m script"])
 def test_a_script_s_recipe_built_from_the_script_s_own_objects_gets_them_wherever_it_is_rebuilt(
-        tmp_path: pathlib.Path, isolation: str, as_module: bool) -> None:
+        tmp_path: pathlib.Path, as_module: bool) -> None:
     (tmp_path / "configured.py").write_text(CONFIGURED_SCRIPT)
     program = ["-m", "configured"] if as_module else ["configured.py"]
-    done = subprocess.run([sys.executable, *program, isolation], capture_output=True, text=True, timeout=300,
+    isolations = ["process", "spawn", "inprocess"]  # one script checks in each: one interpreter, not three
+    done = subprocess.run([sys.executable, *program, *isolations], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("trainparity resume check: PASS\n"), done.stdout
-    assert "Config(lr=0.1, optimizer=<Optimizer.SGD: 'sgd'>)" in done.stdout
+    reports = done.stdout.split("--- ")[1:]
+    assert [report.split("\n", 1)[0] for report in reports] == isolations, done.stdout
+    for report in reports:
+        assert report.split("\n", 1)[1].startswith("trainparity resume check: PASS\n"), done.stdout
+        assert "Config(lr=0.1, optimizer=<Optimizer.SGD: 'sgd'>)" in report, done.stdout
