@@ -313,6 +313,9 @@ def test_training_command_prints_the_report_then_the_table(tmp_path: pathlib.Pat
     (["--lr-schedule", "training_recipes:LR"], "--lr-schedule 'training_recipes:LR' is not a function"),
     (["--window", "3"], "window= sizes the windows min_decrease= compares"),
 ])
-def test_training_command_usage_errors(argv: list[str], message: str) -> None:
-    done = run_cli("training", "training_recipes:Fit", *argv)
-    assert done.returncode == 4 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+def test_training_command_usage_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # in this process: test_bad_spec_is_one_line_without_traceback checks a real process's one-line error
+    with pytest.raises(SystemExit) as caught:
+        raise SystemExit(main(["training", "training_recipes:Fit", *argv]))
+    err = capsys.readouterr().err
+    assert caught.value.code == 4 and message in err and err.count("\n") == 1, err
