@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import trainparity as tp
-from trainparity._state._compare import EXACT, Comparison, Mismatch, compare_snapshots
+from trainparity._state._compare import EXACT, Comparison, Mismatch, bitwise_equal, compare_snapshots, compare_tensors
 from trainparity._state._snapshot import snapshot_state
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
@@ -132,3 +132,16 @@ def test_a_sparse_tensor_is_compared_by_its_values() -> None:
     sparse = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (2,))
     assert mismatches(sparse, sparse.to_dense()) == []
     assert [m.path for m in mismatches(sparse, sparse * 2)] == ["extra"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.float16, torch.float32, torch.float64,
+                                   torch.complex128])
+def test_a_strided_view_is_compared_by_its_values(dtype: torch.dtype) -> None:
+    """A view with stride 2 (no flat view of its bytes exists; a 16-byte complex has no integer view at all)."""
+    view = torch.arange(1, 13).to(dtype)[::2]
+    assert bitwise_equal(view, view.clone()) and compare_tensors(view, view.clone(), EXACT) is None
+    changed = view.clone()
+    changed[1] = 0
+    assert not bitwise_equal(view, changed)
+    mismatch = compare_tensors(view, changed, EXACT)
+    assert mismatch is not None and "Mismatched elements: 1 / 6" in mismatch.message, mismatch

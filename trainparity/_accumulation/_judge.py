@@ -424,10 +424,10 @@ class WindowJudgement:
                         mismatches.append((name, mismatch))
                 if not mismatches:
                     continue
-                # After a step out of place, the gradients were computed at other parameters: no diagnosis.
                 if not earlier and not self.contributions_sampled:
                     self.contributions_needed = True
                     return found
+                # After a step out of place, the gradients were computed at other parameters: no diagnosis.
                 cause, explanation = (None, FOLLOWS) if earlier else diagnose(
                     GRADIENT_DIAGNOSES, self._gradient_evidence(entry, ref_event, cand_event))
                 for name, mismatch in mismatches:

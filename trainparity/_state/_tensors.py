@@ -115,7 +115,7 @@ def flat_bits(tensor: torch.Tensor) -> torch.Tensor:
 
     A view where the tensor is contiguous; empty and 0-dim tensors included.
     """
-    return tensor.detach().reshape(-1).view(_INTEGER_VIEWS[min(tensor.element_size(), 8)])
+    return tensor.detach().contiguous().reshape(-1).view(_INTEGER_VIEWS[min(tensor.element_size(), 8)])
 
 
 def element_bits(tensor: torch.Tensor) -> torch.Tensor:
