@@ -252,11 +252,18 @@ def sigterm(isolation: str) -> Row:
         import sys
         sys.path[:0] = [{str(TEST_DIR)!r}, {str(ROOT)!r}]
         import trainparity as tp
+        from trainparity._process import _launchers
         from fault_recipes import Faulty
+        _launchers.warm_up()
+        print(_launchers.SERVER._process.pid, flush=True)
         tp.check_resume(Faulty("grandchild_hangs", pid_dir={str(pids)!r}), steps=4, resume_at=2, timeout=120,
                         isolation={isolation!r})
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script])
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    # its fork server outlives it by moments: it sees its parent gone, kills what is left and removes its bytecode
+    # directory, which is not left behind until the server has ended
+    server = [int(line)] if (line := parent.stdout.readline()).strip() else []
     deadline = time.monotonic() + 90
     while len(recipes.recorded_pids(pids)) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -266,7 +273,7 @@ def sigterm(isolation: str) -> Row:
     except subprocess.TimeoutExpired:
         parent.kill()
         code = parent.wait()
-    left = still_running(recipes.recorded_pids(pids), grace=3.0) + marked_processes()
+    left = still_running([*recipes.recorded_pids(pids), *server], grace=3.0) + marked_processes()
     files = leftover_files()
     clear_leftovers()
     ended = code == -signal.SIGTERM  # after its cleanup, the process ends by the signal, as without trainparity

@@ -123,12 +123,20 @@ class _Spare:
         self.pid = 0
         #: the write end of the spare's request pipe; -1 when there is no spare
         self.request_fd = -1
+        #: the server's name, which a spare takes back as it becomes a run (b"" where there is no /proc)
+        comm = pathlib.Path("/proc/self/comm")
+        self.server_name = comm.read_bytes().strip() if comm.exists() else b""
 
     def fork(self, server_fds: tuple[int, ...]) -> None:
         read, write = os.pipe()
+        # Born with its name (the server's thread lends it for the fork): a spare that named itself after the fork
+        # would pass for a run while it starts (`ps`, the tests' look for what a check left running).
+        _set_name(SPARE_NAME)
         pid = os.fork()
         if pid == 0:
-            _wait_as_spare(read, (*server_fds, write))
+            _wait_as_spare(read, (*server_fds, write), self.server_name)
+        if self.server_name:
+            _set_name(self.server_name)
         os.close(read)
         self.pid, self.request_fd = pid, write
 
@@ -149,16 +157,14 @@ class _Spare:
         return pid
 
 
-def _wait_as_spare(read: int, server_fds: tuple[int, ...]) -> None:
+def _wait_as_spare(read: int, server_fds: tuple[int, ...], name: bytes) -> None:
     """In the spare child: hold none of the server's pipes (the parent sees the server's end by their closing), wait
-    for the request, then run it; end of file without one means the server is gone. Never returns."""
+    for the request, then run it under the server's `name`; end of file without one means the server is gone. Never
+    returns."""
     try:
         signal.set_wakeup_fd(-1)
         for fd in server_fds:
             os.close(fd)
-        comm = pathlib.Path("/proc/self/comm")
-        name = comm.read_bytes().strip() if comm.exists() else b""
-        _set_name(SPARE_NAME)
         chunks = []
         while chunk := os.read(read, 1 << 20):
             chunks.append(chunk)
