@@ -331,7 +331,7 @@ First violation: loss_accounting (step 1, kind: loss_accounting_mismatch, cause:
   Absolute difference: 0.0300615 (up to 1e-12 allowed)
   Relative difference: 0.0185064 (up to 1e-09 allowed)
 
-  Diagnosis (mean_of_means): each micro-batch's loss is its own mean divided by 4: a mean of means, where the full batch is normalized by the whole window's denominator (24).
+  Diagnosis (mean_of_means): each micro-batch's loss is its own mean divided by 4: a mean of means, where the full batch is normalized by the whole window's denominator (24.0).
   expected: 1.62438
   actual:   1.59432
 
@@ -359,7 +359,7 @@ First violation: gradients.weight (step 1, kind: gradient_mismatch, cause: mean_
   Greatest absolute difference: 0.27511 at index (0, 1) (up to 1e-12 allowed)
   Greatest relative difference: 4.09135 at index (0, 2) (up to 1e-09 allowed)
 
-  Diagnosis (mean_of_means): the reference's gradient equals the gradients of the micro-batches (2, 2, 2, 2 samples) weighted by [1.17, 0.667, 1.17, 1] instead of all 1: each micro-batch was normalized by its own count and the results averaged, where the full batch is normalized by the whole window's count.
+  Diagnosis (mean_of_means): the reference's gradient equals the gradients of the micro-batches (2, 2, 2, 2 samples) weighted by [1.17, 0.667, 1.17, 1.0] instead of all 1: each micro-batch was normalized by its own count and the results averaged, where the full batch is normalized by the whole window's count.
   Losses returned by step(): reference 1.62438; candidate micro-batches 0.344952, 0.358003, 0.551422, 0.339941 (sum 1.59432).
   expected: 0.287815
   actual:   0.012705
@@ -532,7 +532,7 @@ trainparity accumulation check: FAIL at loss_accounting (mean_of_means, step 1)
 config: batch_dependent='fail', comparison='tolerance(rtol=1e-09, atol=1e-12)', cycles=1, disable_dropout=True, isolation='inprocess', microbatches=[3, 3, 2], precision='float64', recipe='test_accumulation_recipes:MeanOfMeansDeclared', seed=0, split='split_batch'
 
 First violation: loss_accounting (step 1, kind: loss_accounting_mismatch, cause: mean_of_means)
-  The micro-batches' LossAccounting denominators add up to 72 but the full batch's is 24.
+  The micro-batches' LossAccounting denominators add up to 72.0 but the full batch's is 24.0.
   Scalars are not close!
 
   Expected 24.0 but got 72.0.

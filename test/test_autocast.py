@@ -129,7 +129,7 @@ def test_allow_float32_and_max_float32_share_turn_a_bypass_into_a_note() -> None
     assert allowed.config["allow_float32"] == ["he*"]
     [note] = autocast_notes(allowed)
     assert "; allowed by allow_float32 'he*')" in note and note.endswith(
-        "Outside the modules allow_float32 names, 0% of the FLOPs ran in full precision (max_float32_share=0.0).")
+        "Outside the modules allow_float32 names, 0.0% of the FLOPs ran in full precision (max_float32_share=0.0).")
     within = tp.check_mixed_precision(recipes.Float32Head, steps=2, max_float32_share=0.5)
     assert within.passed and within.config["max_float32_share"] == 0.5
     assert "(max_float32_share=0.5)" in autocast_notes(within)[0]

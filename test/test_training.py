@@ -413,7 +413,7 @@ def test_loss_diverged_is_named_after_an_update_too_large_at_its_step_or_before_
     later = _judged(_trace([0.5, 80.0, 9.0], [0.1, 0.1, 2.0]), max_loss_growth=10.0, update_ratio=(None, 1.0))
     assert [(v.kind, v.step) for v in later.violations] == [("loss_diverged", 2), ("update_too_large", 3)]
     assert "It followed updates" not in later.violations[0].message
-    assert "It followed updates of up to 2 times the parameters' norm (step 1)" in at_one.violations[1].message
+    assert "It followed updates of up to 2.0 times the parameters' norm (step 1)" in at_one.violations[1].message
     nothing = _judged(_trace([None, None]), max_loss_growth=100.0)
     assert nothing.passed and "step() returned no loss" in nothing.notes[0]
 

@@ -83,7 +83,7 @@ trainparity training check: FAIL at optimizer.param_groups.0.update_ratio (updat
 config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe="training_recipes:Fit('frozen_model')", seed=0, steps=2, update_ratio=[1e-05, 0.1], window=None
 
 First violation: optimizer.param_groups.0.update_ratio (step 1, kind: update_too_small, cause: update_too_small)
-  The update of optimizer 'optimizer' group 0 at step 1 is 0 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), below update_ratio's lower bound 1e-05: all 3 of its parameters have requires_grad=False: they are frozen.
+  The update of optimizer 'optimizer' group 0 at step 1 is 0.0 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), below update_ratio's lower bound 1e-05: all 3 of its parameters have requires_grad=False: they are frozen.
   Also at step 2.
   expected: 1e-05
   actual:   0.0
@@ -143,7 +143,7 @@ trainparity training check: FAIL at optimizer.grad_norm (grad_norm_exceeded, ste
 config: isolation='inprocess', lr_schedule=None, max_grad_norm=2.0, max_loss_growth=None, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Fit(clip=0.5)', seed=0, steps=2, update_ratio=None, window=None
 
 First violation: optimizer.grad_norm (step 2, kind: grad_norm_exceeded, cause: grad_norm_exceeded)
-  The gradient norm of optimizer 'optimizer' at step 2 (the L2 norm of its parameters' gradients together, unscaled, before clipping) is 4.91, above max_grad_norm=2; the largest is 4.weight's. The loop clipped it to 0.5 before the step. Gradients that grow this large explode: a learning rate too high, a loss summed instead of averaged, or an unnormalized input.
+  The gradient norm of optimizer 'optimizer' at step 2 (the L2 norm of its parameters' gradients together, unscaled, before clipping) is 4.91, above max_grad_norm=2.0; the largest is 4.weight's. The loop clipped it to 0.5 before the step. Gradients that grow this large explode: a learning rate too high, a loss summed instead of averaged, or an unnormalized input.
   expected: 2.0
   actual:   4.91011""")
 
@@ -171,7 +171,7 @@ trainparity training check: FAIL at optimizer.param_groups.0.update_ratio (updat
 config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=100.0, max_skipped_steps=0, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Regression(lr=1000.0)', seed=0, steps=3, update_ratio=[None, 1.0], window=None
 
 First violation: optimizer.param_groups.0.update_ratio (step 1, kind: update_too_large, cause: update_too_large)
-  The update of optimizer 'optimizer' group 0 at step 1 is 5593 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), above update_ratio's upper bound 1: a learning rate too high (lr=1000) for parameters of this scale.
+  The update of optimizer 'optimizer' group 0 at step 1 is 5593.0 times its parameters' norm (||update|| / ||parameters||, the classic heuristic wants about 1e-3), above update_ratio's upper bound 1.0: a learning rate too high (lr=1000.0) for parameters of this scale.
   Also at step 3.
   expected: 1.0
   actual:   5593.24
@@ -185,8 +185,8 @@ trainparity training check: FAIL at loss (loss_diverged, step 2)
 config: isolation='inprocess', lr_schedule=None, max_grad_norm=None, max_loss_growth=100.0, max_skipped_steps=None, min_decrease=None, overfit=False, overfit_fraction=0.1, recipe='training_recipes:Regression(lr=1000.0)', seed=0, steps=3, update_ratio=None, window=None
 
 First violation: loss (step 2, kind: loss_diverged, cause: loss_diverged)
-  The loss diverged: it is 1.032e+07 at step 2, above 51.62 (max_loss_growth=100 times its start, 0.5162 at step 1). It followed updates of up to 5593 times the parameters' norm (step 1): a learning rate too high.
+  The loss diverged: it is 1.032e+07 at step 2, above 51.62 (max_loss_growth=100.0 times its start, 0.5162 at step 1). It followed updates of up to 5593.0 times the parameters' norm (step 1): a learning rate too high.
   Losses at steps 1, 2: 0.5162, 1.032e+07.
   Also above it at step 3.
   expected: 51.6181
-  actual:   10317800.0""")
+  actual:   1.03178e+07""")

@@ -14,6 +14,8 @@ from typing import TypeVar
 
 import torch
 
+from trainparity._results._violation import format_number
+
 #: relative (normwise) tolerance for testing a diagnosis against what was observed; never the verdict
 DIAGNOSIS_RTOL = 1e-4
 #: normwise relative difference below which a divergence is described as floating-point rounding
@@ -159,8 +161,8 @@ def _same_weighting(e: GradientEvidence) -> Finding | None:
               else "judge it with precision='float64' (the default) or declare a tolerance")
     return None, (
         f"{NO_CAUSE} The difference is at the level of floating-point rounding (normwise relative difference "
-        f"{e.difference:.2g}): accumulating micro-batch gradients adds the same numbers in another order; to accept "
-        f"that, {advice} (see docs/api.md, Accumulation equivalence).")
+        f"{format_number(e.difference, 2)}): accumulating micro-batch gradients adds the same numbers in another "
+        f"order; to accept that, {advice} (see docs/api.md, Accumulation equivalence).")
 
 
 def _k_times(e: GradientEvidence) -> Finding | None:
@@ -185,7 +187,7 @@ def _weights(e: GradientEvidence) -> Finding | None:
     if weights is None:
         return None
     k, mean = e.k, float(weights.mean())
-    shown = "[" + ", ".join(f"{w:.3g}" for w in weights.tolist()) + "]"
+    shown = "[" + ", ".join(format_number(w, 3) for w in weights.tolist()) + "]"
     of = f" ({', '.join(map(str, e.sizes))} samples)" if e.sizes else ""
     fit = f"the reference's gradient equals the gradients of the micro-batches{of} weighted by {shown}"
     if near(mean, 1 / k):
@@ -273,7 +275,7 @@ def _per_microbatch_normalization(e: LossEvidence) -> Finding | None:
          f"micro-batches ({k})"),
         ("mean_of_means", [n / (k * c) for n, c in zip(numerators, counts, strict=True)],
          f"each micro-batch's loss is its own mean divided by {k}: a mean of means, where the full batch is "
-         f"normalized by the whole window's denominator ({window:.6g})"),
+         f"normalized by the whole window's denominator ({format_number(window)})"),
         ("loss_scaled_twice", [n / (k * window) for n in numerators],
          f"each micro-batch's loss is normalized by the whole window and divided by {k} again"),
     ]

@@ -30,7 +30,7 @@ from trainparity._accumulation._diagnoses import (
 from trainparity._accumulation._trace import AccumulationTrace, Window
 from trainparity._observe._records import StepEvent
 from trainparity._results._result import AccumulationResult
-from trainparity._results._violation import JsonValue, Outcome, Violation, format_number
+from trainparity._results._violation import JsonValue, Outcome, Violation, format_number, format_scale
 from trainparity._state._compare import (
     EXACT,
     Comparison,
@@ -45,10 +45,6 @@ from trainparity._validation import InvalidArgument
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",
                             "clip_per_microbatch", "batch_dependent_layer"})
 FOLLOWS = "It follows from the earlier divergence in this window."
-
-
-def _fmt(value: float | None) -> str:
-    return "None" if value is None else f"{value:.6g}"
 
 
 def _numbers(values: Sequence[float]) -> str:
@@ -298,8 +294,8 @@ class WindowJudgement:
         ref = self.ref.calls[0].loss
         cand = [c.loss for c in self.cand.calls]
         total = sum(v for v in cand if v is not None) if all(v is not None for v in cand) else None
-        return (f"Losses returned by step(): reference {_fmt(ref)}; candidate micro-batches "
-                f"{', '.join(_fmt(v) for v in cand)} (sum {_fmt(total)}).")
+        return (f"Losses returned by step(): reference {format_number(ref)}; candidate micro-batches "
+                f"{', '.join(format_number(v) for v in cand)} (sum {format_number(total)}).")
 
     def _loss_accounting(self) -> list[Draft]:
         ref = self.ref.calls[0]
@@ -319,16 +315,16 @@ class WindowJudgement:
                 cause, explanation = diagnose(table, evidence, default=LOST_OR_DUPLICATED)
                 found.append(self._draft(
                     "loss_accounting_mismatch", "loss_accounting", mismatch, cause,
-                    f"The micro-batches' LossAccounting {quantity}s add up to {_fmt(total)} but the full batch's "
-                    f"is {_fmt(expected)}.", explanation))
+                    f"The micro-batches' LossAccounting {quantity}s add up to {format_number(total)} but the full "
+                    f"batch's is {format_number(expected)}.", explanation))
         total = float(sum(evidence.values))
         mismatch = compare_leaves(float(ref.loss), total, self.comparison)
         if mismatch is not None:
             cause, explanation = diagnose(VALUE_DIAGNOSES, evidence)
             found.append(self._draft(
                 "loss_accounting_mismatch", "loss_accounting", mismatch, cause,
-                f"The micro-batches' LossAccounting values add up to {_fmt(total)} but the full batch's loss is "
-                f"{_fmt(ref.loss)}.", explanation))
+                f"The micro-batches' LossAccounting values add up to {format_number(total)} but the full batch's "
+                f"loss is {format_number(ref.loss)}.", explanation))
         return found
 
     # -- optimizer steps ---------------------------------------------------------------------------
@@ -378,7 +374,7 @@ class WindowJudgement:
                     return [Draft(
                         "clip_on_scaled_gradients", f"gradients.{first}", self.index,
                         f"In the {run} run, {clip.function}() clipped gradients that the GradScaler still scaled "
-                        f"(scale {_fmt(clip.scale)}): the clipping threshold applies to scaled gradients.", "",
+                        f"(scale {format_scale(clip.scale)}): the clipping threshold applies to scaled gradients.", "",
                         "unscale_before_clip_missing",
                         "Diagnosis (unscale_before_clip_missing): call scaler.unscale_(optimizer) before clipping.",
                         position=position if run == "candidate" else None)]
@@ -389,7 +385,7 @@ class WindowJudgement:
                 return [Draft(
                     "step_on_scaled_gradients", f"gradients.{first}", self.index,
                     f"In the {run} run, optimizer '{entry}' stepped on gradients that the GradScaler still scaled "
-                    f"(scale {_fmt(event.scale)}): the update is that many times too large, and steps with "
+                    f"(scale {format_scale(event.scale)}): the update is that many times too large, and steps with "
                     "non-finite gradients are not skipped.", "", "scaled_gradients_stepped",
                     "Diagnosis (scaled_gradients_stepped): call scaler.step(optimizer) (it unscales, and skips the "
                     "step when the gradients are not finite) instead of optimizer.step(), then scaler.update().",

@@ -93,7 +93,7 @@ def _ops(region: RegionUse) -> str:
 
 
 def _percent(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.3g}%" if whole else "0%"
+    return f"{format_number(100.0 * part / whole if whole else 0.0, 3)}%"
 
 
 def _ineffective(region: RegionUse, step: int, rules: AutocastRules) -> Violation:
@@ -162,7 +162,7 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
     counted = [g for g in groups if rules.allowed(g.bypass.module) is None]
     full = sum(g.bypass.flops for g in counted)
     share = full / total if total else 0.0
-    limit = (f"At most {100.0 * rules.max_float32_share:.3g}% may run in full precision "
+    limit = (f"At most {format_number(100.0 * rules.max_float32_share, 3)}% may run in full precision "
              f"(max_float32_share={format_number(rules.max_float32_share)}) outside the modules allow_float32 names "
              f"({', '.join(map(repr, rules.allow_float32)) or 'none'}).")
     where = "in enabled autocast regions" + (" and in the regions disabled as written beside them" if any(
@@ -175,7 +175,8 @@ def _bypass_violations(groups: list[_Group], total: int, rules: AutocastRules) -
             name = bypass.module
             allow = f"allow_float32=({name!r},)" if name is not None else "a module of its own"
             amount = (f"{_percent(bypass.flops, total)} of the FLOPs of the {WATCHED_OPS} ops {where} "
-                      f"({bypass.flops:.3g} of {total:.3g}; in all {_percent(full, total)} ran in full precision)"
+                      f"({format_number(bypass.flops, 3)} of {format_number(total, 3)}; in all {_percent(full, total)} "
+                      "ran in full precision)"
                       if bypass.flops else
                       "FLOPs that torch's formula cannot count, so at max_float32_share=0 they fail whatever the share")
             violations.append(Violation(
@@ -254,9 +255,10 @@ def autocast_findings(steps: list[tuple[int, AutocastUse]], rules: AutocastRules
         found[violation.step].append(violation)
     notes += bypass_notes
     if kept:
-        notes.append(f"Torch kept {kept:.3g} FLOPs of {WATCHED_OPS} ops in float32 with autocast on for their device "
-                     "(autocast's float32 policy for the op that called them, such as cdist, or a kernel that computes "
-                     "in float32, such as the CPU math path of scaled_dot_product_attention): not judged.")
+        notes.append(f"Torch kept {format_number(kept, 3)} FLOPs of {WATCHED_OPS} ops in float32 with autocast on for "
+                     "their device (autocast's float32 policy for the op that called them, such as cdist, or a kernel "
+                     "that computes in float32, such as the CPU math path of scaled_dot_product_attention): not "
+                     "judged.")
     if rules.declared is not None and not any(use.calls_by_dtype for _, use in steps):
         notes.append(f"The recipe declares autocast_dtype={rules.declared}, but no {WATCHED_OPS} op ran in its "
                      "modules' forward or in an autocast region: nothing to judge.")

@@ -37,7 +37,7 @@ from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import MixedPrecisionResult
-from trainparity._results._violation import Outcome, Violation, json_safe
+from trainparity._results._violation import Outcome, Violation, format_scale, json_safe
 from trainparity._state._entries import state_objects
 from trainparity._validation import check_optional_int
 
@@ -187,10 +187,6 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dic
 # -- the judgement (in the parent) ------------------------------------------------------------------
 
 
-def _scale(value: float | None) -> str:
-    return "?" if value is None else f"{value:.6g}"
-
-
 def _nonfinite_fix(taken: OptimizerStep, direct: bool, scaler: str | None) -> str:
     """What would have kept the optimizer step on non-finite gradients from updating the parameters."""
     if not direct:  # scaler.step() calls an optimizer only when the inf check found nothing, or tells it to skip
@@ -219,17 +215,18 @@ def _step_violations(step: PrecisionStep, scaler: str | None) -> list[Violation]
     for clip in step.clips:
         if clip.scaled:
             first = clip.parameters[0] if clip.parameters else "<none>"
+            scale = format_scale(clip.scale, missing="?")
             found.append(Violation(
                 "clip_before_unscale", f"gradients.{first}",
                 f"In step {n}, {clip.function}() clipped gradients that GradScaler '{scaler}' still scaled by "
-                f"{_scale(clip.scale)}: the threshold applied to gradients {_scale(clip.scale)} times too large. "
+                f"{scale}: the threshold applied to gradients {scale} times too large. "
                 "Call scaler.unscale_(optimizer) before clipping.", step=n, cause="clip_before_unscale"))
     inside = {s.order for s in step.scaler_steps}
     for taken in step.optimizer_steps:
         direct = taken.order not in inside
         if direct and scaler is not None:
-            how = (f"on gradients GradScaler '{scaler}' still scaled by {_scale(taken.scale)} (an update that many "
-                   "times too large)" if taken.scale is not None else "after scaler.unscale_()")
+            how = (f"on gradients GradScaler '{scaler}' still scaled by {format_scale(taken.scale, missing='?')} (an "
+                   "update that many times too large)" if taken.scale is not None else "after scaler.unscale_()")
             found.append(Violation(
                 "scaler_step_bypassed", taken.optimizer,
                 f"Optimizer '{taken.optimizer}' stepped in step {n} outside scaler.step(), {how}: steps whose "
@@ -279,11 +276,11 @@ def _skipped_violation(trace: PrecisionTrace, scaler: str, max_skipped_steps: in
 
 def _scale_trace(trace: PrecisionTrace) -> str:
     """`Loss scale at each scaler.step(): 65536 (step 1, skipped), 32768 (step 2); after the last update(): 32768.`"""
-    shown = [f"{_scale(s.scale)} (step {step.step}{'' if step.taken(s) else ', skipped'})"
+    shown = [f"{format_scale(s.scale, missing='?')} (step {step.step}{'' if step.taken(s) else ', skipped'})"
              for step in trace.steps for s in step.scaler_steps]
     last = next((s.scale_after for step in reversed(trace.steps) for s in reversed(step.scaler_steps)
                  if s.scale_after is not None), None)
-    after = f"; after the last update(): {_scale(last)}" if last is not None else ""
+    after = f"; after the last update(): {format_scale(last, missing='?')}" if last is not None else ""
     return f"Loss scale at each scaler.step(): {', '.join(shown)}{after}."
 
 

@@ -28,8 +28,8 @@ from trainparity._preflight._training_verdicts import (
     scheduled,
 )
 from trainparity._results._result import TrainingResult
-from trainparity._results._telemetry import TrainingStep, Update, number, scale_text
-from trainparity._results._violation import JsonValue, Outcome, Violation, json_safe
+from trainparity._results._telemetry import TrainingStep, Update, number
+from trainparity._results._violation import JsonValue, Outcome, Violation, format_scale, json_safe
 from trainparity._validation import InvalidArgument
 
 NO_OPTIMIZER = ("the State holds no optimizer: its steps cannot be observed; put the optimizer in the State "
@@ -230,7 +230,7 @@ class _Judge:
         assert allowed is not None
         taken = sum(1 for s in self.trace.steps for u in s.updates if not u.skipped and u.scale is not None)
         steps = [at for at, _ in self.skips]
-        scales = ", ".join(f"{scale_text(u.scale)} (step {at})" for at, u in self.skips[:6]) + (
+        scales = ", ".join(f"{format_scale(u.scale, missing='-')} (step {at})" for at, u in self.skips[:6]) + (
             ", ..." if len(self.skips) > 6 else "")
         return Violation(
             "skipped_updates", f"{self.trace.scaler}.scale",

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from trainparity._results._report import ascii_text
-from trainparity._results._violation import JsonValue, json_float, json_safe
+from trainparity._results._violation import JsonValue, format_number, format_scale, json_float, json_safe
 
 
 @dataclasses.dataclass
@@ -84,14 +84,13 @@ class TrainingStep:
             raise ValueError(f"not a trainparity result's JSON: {where} {problem}") from error
 
 
+#: significant digits of the table's numbers and the training check's messages: stable across CPUs at float32
+TABLE_DIGITS = 4
+
+
 def number(value: float | None) -> str:
-    """A number of the table and of messages: 4 significant digits (stable across CPUs at float64), '-' for None."""
-    return "-" if value is None else f"{value:.4g}"
-
-
-def scale_text(value: float | None) -> str:
-    """A loss scale: a power of two, shown whole."""
-    return str(int(value)) if value is not None and value.is_integer() and abs(value) < 2.0**63 else number(value)
+    """A number of the table and of the training check's messages ('-' for None)."""
+    return format_number(value, TABLE_DIGITS, missing="-")
 
 
 def _numbers(values: list[float] | list[float | None]) -> str:
@@ -110,7 +109,7 @@ def _gradient(update: Update) -> str:
 def _note(update: Update) -> str:
     notes = []
     if update.skipped:
-        notes.append(f"skipped by the GradScaler (scale {scale_text(update.scale)})")
+        notes.append(f"skipped by the GradScaler (scale {format_scale(update.scale, missing='-')})")
     if update.nonfinite_grads:
         shown = ", ".join(update.nonfinite_grads[:3]) + (", ..." if len(update.nonfinite_grads) > 3 else "")
         notes.append(f"non-finite gradients: {shown}")

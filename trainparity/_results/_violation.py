@@ -113,17 +113,29 @@ def read_record(cls: type[_Record], data: object, where: str) -> _Record:
     return cls(**data)
 
 
-def format_number(value: bool | int | float) -> str:
-    """A number as torch.testing prints it (`repr`), rounded to 6 significant digits.
+def format_number(value: bool | int | float | None, digits: int = 6, *, missing: str = "None") -> str:
+    """A number rounded to `digits` significant digits, written as torch.testing writes floats (`repr`: 2.0, 1e-05,
+    inf) but with an exponent from 10**digits on (1.032e+07, where `repr` would write 10320000.0 and claim digits
+    that were rounded away); `missing` for None.
 
-    Where torch's number has at most 6 significant digits the text is the same as theirs; the
-    rounding keeps reports stable where the last bits of a float depend on the machine.
+    Every number of every report is written by this function. Where torch's number has at most `digits`
+    significant digits and is below 10**digits the text is the same as theirs; the rounding keeps reports stable
+    where the last bits of a float depend on the machine (tables round to fewer digits, `_telemetry.TABLE_DIGITS`).
     """
+    if value is None:
+        return missing
     if isinstance(value, bool) or isinstance(value, int):
         return str(value)
     if not math.isfinite(value):
         return repr(value)
-    return repr(float(f"{value:.6g}"))
+    text = f"{value:.{digits}g}"
+    return text if "." in text or "e" in text else f"{text}.0"
+
+
+def format_scale(value: float | None, *, missing: str = "None") -> str:
+    """A GradScaler's loss scale: a power of two, shown whole (65536, not 65536.0)."""
+    whole = value is not None and value.is_integer() and abs(value) < 2.0**63
+    return format_number(int(value) if whole and value is not None else value, missing=missing)
 
 
 @dataclasses.dataclass(frozen=True)
