@@ -26,20 +26,15 @@ from trainparity._accumulation._run import AccumulationPayload, SplitFunction
 from trainparity._accumulation._trace import AccumulationTrace
 from trainparity._batches._split import validate_microbatches
 from trainparity._process import _session
+from trainparity._process._comparing import ComparisonSetup
 from trainparity._process._engine import Job, JobOutcome, first_error, run_jobs
-from trainparity._process._options import Deadline, Isolation
+from trainparity._process._options import Isolation
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import Recipe
-from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
+from trainparity._recipe._reference import RecipeRef, RecipeSpec
 from trainparity._results._result import AccumulationResult
-from trainparity._results._violation import JsonValue, json_safe
-from trainparity._state._compare import Comparison, resolve_comparison
-from trainparity._state._precision import (
-    describe_comparison,
-    dtype_error_hints,
-    effective_comparison,
-)
-from trainparity._state._rng import validate_seed
+from trainparity._results._violation import json_safe
+from trainparity._state._compare import Comparison
 from trainparity._validation import InvalidArgument, check_int
 
 __all__ = ["check_accumulation"]
@@ -74,10 +69,7 @@ def _split_reference(split: object) -> str | None:
         return None
 
 
-def _validate(cycles: object, seed: object, split: object, isolation: str, disable_dropout: object,
-              batch_dependent: object) -> int:
-    cycles = check_int("cycles", cycles, 1, "windows of k micro-batches compared")
-    validate_seed(seed)
+def _validate(split: object, isolation: str, disable_dropout: object, batch_dependent: object) -> None:
     if split is not None and not callable(split):
         raise InvalidArgument(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
     if split is not None and isolation != "inprocess" and _split_reference(split) is None:
@@ -89,7 +81,6 @@ def _validate(cycles: object, seed: object, split: object, isolation: str, disab
         raise InvalidArgument(f"disable_dropout= must be True or False, got {disable_dropout!r}")
     if batch_dependent not in BATCH_DEPENDENT_MODES:
         raise InvalidArgument(f"batch_dependent= must be 'fail' or 'eval', got {batch_dependent!r}")
-    return cycles
 
 
 @_session.recorded
@@ -122,75 +113,69 @@ def check_accumulation(
     `isolation` and `timeout` left at None take the session's defaults (`--trainparity-*` under pytest).
     Never raises for a FAIL; misuse raises TypeError/ValueError.
     """
-    ref = resolve_recipe(recipe)
     declared_microbatches = validate_microbatches(microbatches)
     k = declared_microbatches if isinstance(declared_microbatches, int) else len(declared_microbatches)
-    declared = None if comparison is None else resolve_comparison(comparison)
-    precision = _session.precision(precision)
-    isolation = _session.isolation(isolation, "inprocess")
-    deadline = Deadline.after(_session.timeout(timeout))
-    cycles = _validate(cycles, seed, split, isolation, disable_dropout, batch_dependent)
-    _require_accumulation_parameter(recipe, ref)
-    config: dict[str, JsonValue] = {
-        "recipe": ref.name,
-        "microbatches": json_safe(declared_microbatches),
-        "cycles": cycles,
-        "seed": seed,
-        "precision": precision,
-        "comparison": describe_comparison(declared, precision),
-        "isolation": isolation,
+    cycles = check_int("cycles", cycles, 1, "windows of k micro-batches compared")
+    setup = ComparisonSetup.prepare(recipe, comparison=comparison, precision=precision, seed=seed, isolation=isolation,
+                                    timeout=timeout, default_isolation="inprocess",
+                                    shown={"microbatches": json_safe(declared_microbatches), "cycles": cycles})
+    _validate(split, setup.isolation, disable_dropout, batch_dependent)
+    _require_accumulation_parameter(recipe, setup.recipe)
+    setup.config.update({
         "split": "split_batch" if split is None else _split_reference(split) or getattr(split, "__qualname__", "split"),
         "disable_dropout": disable_dropout,
         "batch_dependent": batch_dependent,
-    }
-    reference = AccumulationPayload(ref, 1, None, None, cycles, seed, disable_dropout, precision, batch_dependent)
-    sent = split if split is None or isolation == "inprocess" else _split_reference(split)
+    })
+    reference = AccumulationPayload(setup.recipe, 1, None, None, cycles, setup.seed, disable_dropout, setup.precision,
+                                    batch_dependent)
+    sent = split if split is None or setup.isolation == "inprocess" else _split_reference(split)
     candidate = dataclasses.replace(reference, accumulation_steps=k, microbatches=declared_microbatches, split=sent)
-    judged_by = effective_comparison(declared, precision)
-    if isolation == "inprocess":
-        # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
-        # agree with them under the comparison: it copies, and the process pages in, only what differs. It samples
-        # no micro-batch contribution (a gradient hook per parameter and backward) until the judge needs them.
-        outcomes = run_jobs([Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire, workdir=False)],
-                            deadline=deadline, isolation=isolation)
-        if outcomes[0].error is None:
-            sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=judged_by,
-                                          sample_contributions=False)
-            outcomes += run_jobs([Job(TASK, sharing, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
-                                 deadline=deadline, isolation=isolation)
-    else:
-        outcomes = run_jobs(
-            [Job(TASK, reference, "reference", decode=AccumulationTrace.from_wire, workdir=False),
-             Job(TASK, candidate, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
-            deadline=deadline,
-            isolation=isolation,
-        )
-    errored = _errored(outcomes, config, precision)
+    outcomes = _first_runs(setup, reference, candidate)
+    errored = _errored(outcomes, setup)
     if errored is not None:
         return errored
     reference_trace = outcomes[0].output
-    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision,
+    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, setup.judged, setup.config, setup.precision,
                                  batch_dependent)
     if isinstance(verdict, AccumulationResult):
         return verdict
     # a gradient differs, and its diagnosis reads each micro-batch's contribution: the candidate runs again
     del outcomes[1:]  # the first run's copies of what differed are not held through the second
-    sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=judged_by)
+    sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=setup.judged)
     outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
-                         deadline=deadline, isolation=isolation)
-    errored = _errored(outcomes, config, precision)
+                         deadline=setup.deadline, isolation=setup.isolation)
+    errored = _errored(outcomes, setup)
     if errored is not None:
         return errored
-    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, judged_by, config, precision, batch_dependent)
+    verdict = judge_accumulation(reference_trace, outcomes[1].output, k, setup.judged, setup.config, setup.precision,
+                                 batch_dependent)
     assert isinstance(verdict, AccumulationResult), "a candidate that sampled the contributions is judged"
     return verdict
 
 
-def _errored(outcomes: list[JobOutcome], config: dict[str, JsonValue], precision: str) -> AccumulationResult | None:
+def _first_runs(setup: ComparisonSetup, reference: AccumulationPayload,
+                candidate: AccumulationPayload) -> list[JobOutcome]:
+    """The reference and the candidate; in this process the candidate runs second, sharing the reference's tensors."""
+    def job(payload: AccumulationPayload, phase: str) -> Job:
+        return Job(TASK, payload, phase, decode=AccumulationTrace.from_wire, workdir=False)
+
+    if setup.isolation != "inprocess":
+        return run_jobs([job(reference, "reference"), job(candidate, "candidate")], deadline=setup.deadline,
+                        isolation=setup.isolation)
+    # The candidate runs after the reference in this process and holds the reference's tensors wherever its own
+    # agree with them under the comparison: it copies, and the process pages in, only what differs. It samples
+    # no micro-batch contribution (a gradient hook per parameter and backward) until the judge needs them.
+    outcomes = run_jobs([job(reference, "reference")], deadline=setup.deadline, isolation=setup.isolation)
+    if outcomes[0].error is None:
+        sharing = dataclasses.replace(candidate, expected=outcomes[0].output, comparison=setup.judged,
+                                      sample_contributions=False)
+        outcomes += run_jobs([job(sharing, "candidate")], deadline=setup.deadline, isolation=setup.isolation)
+    return outcomes
+
+
+def _errored(outcomes: list[JobOutcome], setup: ComparisonSetup) -> AccumulationResult | None:
     """The ERROR result of the first run that failed, or None when none did."""
     failed = first_error(outcomes)
     if failed is None or failed.error is None:
         return None
-    result = AccumulationResult.errored(failed.error, config, failed.exception)
-    result.notes += dtype_error_hints(failed.error.message, precision)
-    return result
+    return setup.errored(AccumulationResult, failed.error, failed.exception)

@@ -22,38 +22,31 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from trainparity._parallel._judge import judge_data_parallel
 from trainparity._parallel._rank import REFERENCE, RankPayload
 from trainparity._parallel._trace import RankTrace
 from trainparity._process import _session
+from trainparity._process._comparing import ComparisonSetup
 from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs
 from trainparity._process._options import Deadline, Isolation
 from trainparity._process._scratch import scratch_directory
-from trainparity._process._world import validate_backend, world_isolation
-from trainparity._recipe._reference import RecipeSpec, resolve_recipe
+from trainparity._process._world import validate_backend
+from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import DataParallelResult
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import (
     Comparison,
-    resolve_comparison,
 )
-from trainparity._state._precision import (
-    describe_comparison,
-    dtype_error_hints,
-    effective_comparison,
-)
-from trainparity._state._rng import validate_seed
 from trainparity._validation import check_int
 
 TASK = "trainparity._parallel._rank:run_rank"
 
 
-def _validate(world_size: object, backend: object, steps: object, seed: object) -> tuple[int, str, int, int]:
+def _validate(world_size: object, backend: object, steps: object) -> tuple[int, str, int]:
     world_size = check_int("world_size", world_size, 2, "the reference is the world of size 1")
     steps = check_int("steps", steps, 1, "optimizer steps")
-    return world_size, validate_backend(backend, world_size), steps, validate_seed(seed)
+    return world_size, validate_backend(backend, world_size), steps
 
 
 @_session.recorded
@@ -83,38 +76,26 @@ def check_data_parallel(
     `timeout` and `isolation` left at None take the session's defaults (`--trainparity-*` under
     pytest; an isolation the check cannot use, "inprocess" or, for nccl, "process", is passed over).
     """
-    ref = resolve_recipe(recipe)
-    world_size, backend, steps, seed = _validate(world_size, backend, steps, seed)
-    declared = None if comparison is None else resolve_comparison(comparison)
-    precision = _session.precision(precision)
-    deadline = Deadline.after(_session.timeout(timeout))
-    isolation = world_isolation(isolation, backend)
-    config: dict[str, Any] = {
-        "recipe": ref.name,
-        "world_size": world_size,
-        "backend": backend,
-        "steps": steps,
-        "seed": seed,
-        "precision": precision,
-        "comparison": describe_comparison(declared, precision),
-        "isolation": isolation,
-    }
+    world_size, backend, steps = _validate(world_size, backend, steps)
+    setup = ComparisonSetup.prepare(recipe, comparison=comparison, precision=precision, seed=seed, isolation=isolation,
+                                    timeout=timeout, default_isolation="process", backend=backend,
+                                    shown={"world_size": world_size, "backend": backend, "steps": steps})
     with scratch_directory("trainparity-dp-") as scratch:
         def job(rank: int, size: int, tag: str) -> Job:
-            payload = RankPayload(ref, seed, steps, backend, rank, size, tag, str(scratch), precision)
+            payload = RankPayload(setup.recipe, setup.seed, steps, backend, rank, size, tag, str(scratch),
+                                  setup.precision)
             return Job(TASK, payload, tag, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
-        outcomes = run_jobs(jobs, deadline=deadline, isolation=isolation, concurrency=len(jobs), on_failure="all")
-        error = _first_error(outcomes, deadline)
+        outcomes = run_jobs(jobs, deadline=setup.deadline, isolation=setup.isolation, concurrency=len(jobs),
+                            on_failure="all")
+        error = _first_error(outcomes, setup.deadline)
     if error is not None:
-        result = DataParallelResult.errored(error, config)
-        result.notes += dtype_error_hints(error.message, precision)
-        return result
+        return setup.errored(DataParallelResult, error)
     traces = [o.output for o in outcomes]
     assert all(trace is not None for trace in traces)
     *ranks, reference = (trace for trace in traces if trace is not None)
-    return judge_data_parallel(reference, ranks, effective_comparison(declared, precision), config)
+    return judge_data_parallel(reference, ranks, setup.judged, setup.config)
 
 
 def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline) -> ChildError | None:

@@ -7,6 +7,8 @@
 - `_tree`: killing a child's whole process tree; `_world`: joining and leaving a torch.distributed world;
 - `_options`: the isolation and timeout every check validates alike;
 - `_session`: the test session's defaults for those options, and its listeners.
+- `_comparing`: what every comparison check (resume, accumulation, data parallel) resolves before its runs
+  (`ComparisonSetup.prepare`), and how a run's error becomes its result.
 
 Nothing is imported here, so that a check that needs only the session (coverage) does not load the engine.
 """

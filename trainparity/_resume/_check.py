@@ -12,17 +12,18 @@ sample IDs, the loss and the State after the step against the baseline.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from trainparity._process import _session
+from trainparity._process._comparing import ComparisonSetup
 from trainparity._process._engine import Job, JobOutcome, first_error, first_failure, run_jobs
 from trainparity._process._options import Deadline, Isolation
 from trainparity._process._scratch import scratch_directory
-from trainparity._process._world import World, validate_backend, world_isolation
+from trainparity._process._world import World, validate_backend
 from trainparity._recipe._recipe import Recipe
-from trainparity._recipe._reference import RecipeSpec, resolve_recipe
+from trainparity._recipe._reference import RecipeRef, RecipeSpec
 from trainparity._results._result import ResumeResult
-from trainparity._results._violation import ChildError, Outcome
+from trainparity._results._violation import ChildError, JsonValue, Outcome
 from trainparity._resume._judge import judge_resume
 from trainparity._resume._ranks import align, merge_ranks, own_path, replicated_paths
 from trainparity._resume._trace import RunTrace, TrainPayload, Whole
@@ -30,10 +31,7 @@ from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._state._compare import (
     Comparison,
     ExactComparison,
-    resolve_comparison,
 )
-from trainparity._state._precision import describe_comparison, dtype_error_hints, effective_comparison
-from trainparity._state._rng import validate_seed
 from trainparity._state._snapshot import state_entry
 from trainparity._validation import InvalidArgument, check_int
 
@@ -59,6 +57,16 @@ def _validate_worlds(world_size: object, resume_world_size: object) -> tuple[int
         raise InvalidArgument(f"resume_world_size= must be an int >= 1 or None (the same as world_size), "
                               f"got {resume_world_size!r}")
     return world_size, resume_world_size
+
+
+def _require_own_checkpoint_code(ref: RecipeRef, world_size: int, resume_world_size: int) -> None:
+    recipe_class = ref.recipe_class()
+    if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
+        raise InvalidArgument(
+            f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
+            "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
+            "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
+            "splits otherwise")
 
 
 @_session.recorded
@@ -95,101 +103,87 @@ def check_resume(
     the world size changes, whose other reduction order changes the rounding, the session's
     default ("float64": every run in float64, judged with the fixed float64 tolerance).
     """
-    ref = resolve_recipe(recipe)
     steps, resume_at = _validate_steps(steps, resume_at)
     world_size, resume_world_size = _validate_worlds(world_size, resume_world_size)
-    declared = None if comparison is None else resolve_comparison(comparison)
     ranked = max(world_size, resume_world_size) > 1
-    if world_size != resume_world_size:
-        recipe_class = ref.recipe_class()
-        if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
-            raise InvalidArgument(
-                f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
-                "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
-                "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
-                "splits otherwise")
     backend = validate_backend(backend, max(world_size, resume_world_size))
-    if precision is None and world_size == resume_world_size:
-        precision = "native"
-    precision = _session.precision(precision)
-    judged = effective_comparison(declared, precision)
-    deadline = Deadline.after(_session.timeout(timeout))
-    isolation = world_isolation(isolation, backend) if ranked else _session.isolation(isolation, "process")
-    seed = validate_seed(seed)
-    config: dict[str, Any] = {
-        "recipe": ref.name,
-        "steps": steps,
-        "resume_at": resume_at,
-        "seed": seed,
-        "comparison": describe_comparison(declared, precision),
-        "isolation": isolation,
-    }
+    shown: dict[str, JsonValue] = {"steps": steps, "resume_at": resume_at}
     if ranked:
-        config.update(world_size=world_size, resume_world_size=resume_world_size, backend=backend)
-    if precision != "native":
-        config["precision"] = precision
+        shown.update(world_size=world_size, resume_world_size=resume_world_size, backend=backend)
+    setup = ComparisonSetup.prepare(
+        recipe, comparison=comparison, seed=seed, isolation=isolation, timeout=timeout, default_isolation="process",
+        backend=backend if ranked else None, shown=shown,
+        # another world size reduces in another order, which changes the rounding: the session's default
+        precision="native" if precision is None and world_size == resume_world_size else precision)
+    if world_size != resume_world_size:
+        _require_own_checkpoint_code(setup.recipe, world_size, resume_world_size)
+    worlds = (world_size, resume_world_size) if ranked else (0, 0)
     with scratch_directory("trainparity-checkpoint-") as checkpoint_dir:
         # Exact comparisons are decided by digests; a tolerance needs the values themselves.
-        run = TrainPayload(ref, seed, 1, steps, f"{checkpoint_dir}/checkpoint",
-                digests=isinstance(judged, ExactComparison), precision=precision)
-        # A PASS needs the State only where the runs meet (the save, the load, the end) beside every step's RNG
-        # streams, samples and loss, and hashing the State of a large model after every step doubles the check's
-        # cost. Anything but a PASS is judged again on runs that snapshot every step, so that the report names
-        # the first step and path that diverged.
-        sparse = dataclasses.replace(run, states_at=frozenset({resume_at, steps}))
-        started = 0
-        judged_sparse: ResumeResult | None = None
-        for payload in (sparse, dataclasses.replace(run, checkpoint=f"{checkpoint_dir}/checkpoint.steps")):
-            runs = _Runs(deadline, isolation, backend, str(checkpoint_dir),
-                         (world_size, resume_world_size) if ranked else (0, 0), started=started)
-            # The resumed run needs only the interrupted one: it starts as soon as that has saved,
-            # while the baselines run beside them.
-            traces, failed = runs.run([
-                _Run("interrupted", dataclasses.replace(payload, last=resume_at, save=True)),
-                _Run("baseline", payload),
-                _Run("resumed", dataclasses.replace(payload, first=resume_at + 1, load=True), resumed=True, after=0),
-                _Run("baseline (repeat)", payload),
-            ])
-            if failed is not None:
-                assert failed.error is not None
-                if judged_sparse is not None:
-                    # The verdict stands on the first runs; only the step the report names is coarser.
-                    judged_sparse.notes.append(
-                        f"the runs that snapshot the State at every step did not finish ({failed.error.headline()}): "
-                        f"the State was compared after steps {resume_at} and {steps} only, so a difference in it "
-                        "may have begun at an earlier step than the one named")
-                    return judged_sparse
-                result = ResumeResult.errored(failed.error, config, failed.exception)
-                result.notes += dtype_error_hints(failed.error.message, precision)
-                return result
-            interrupted, baseline, resumed, repeat = traces
-            result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
-            if result.outcome is Outcome.PASS:
-                break
-            result.notes.extend(runs.notes)
-            judged_sparse = result
-            started = runs.started
+        run = TrainPayload(setup.recipe, setup.seed, 1, steps, f"{checkpoint_dir}/checkpoint",
+                           digests=isinstance(setup.judged, ExactComparison), precision=setup.precision)
+        return _run_and_judge(setup, run, resume_at, backend, worlds, str(checkpoint_dir))
+
+
+def _run_and_judge(setup: ComparisonSetup, run: TrainPayload, resume_at: int, backend: str, worlds: tuple[int, int],
+                   checkpoint_dir: str) -> ResumeResult:
+    """The four runs, judged; then again with a snapshot after every step unless they PASS; then the values the
+    report shows, where digests alone were compared."""
+    # A PASS needs the State only where the runs meet (the save, the load, the end) beside every step's RNG
+    # streams, samples and loss, and hashing the State of a large model after every step doubles the check's
+    # cost. Anything but a PASS is judged again on runs that snapshot every step, so that the report names
+    # the first step and path that diverged.
+    sparse = dataclasses.replace(run, states_at=frozenset({resume_at, run.last}))
+    started = 0
+    judged_sparse: ResumeResult | None = None
+    for payload in (sparse, dataclasses.replace(run, checkpoint=f"{checkpoint_dir}/checkpoint.steps")):
+        runs = _Runs(setup.deadline, setup.isolation, backend, checkpoint_dir, worlds, started=started)
+        # The resumed run needs only the interrupted one: it starts as soon as that has saved,
+        # while the baselines run beside them.
+        traces, failed = runs.run([
+            _Run("interrupted", dataclasses.replace(payload, last=resume_at, save=True)),
+            _Run("baseline", payload),
+            _Run("resumed", dataclasses.replace(payload, first=resume_at + 1, load=True), resumed=True, after=0),
+            _Run("baseline (repeat)", payload),
+        ])
+        if failed is not None:
+            assert failed.error is not None
+            if judged_sparse is None:
+                return setup.errored(ResumeResult, failed.error, failed.exception)
+            # The verdict stands on the first runs; only the step the report names is coarser.
+            judged_sparse.notes.append(
+                f"the runs that snapshot the State at every step did not finish ({failed.error.headline()}): "
+                f"the State was compared after steps {resume_at} and {run.last} only, so a difference in it "
+                "may have begun at an earlier step than the one named")
+            return judged_sparse
+        interrupted, baseline, resumed, repeat = traces
+        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, setup.judged, setup.config)
+        if result.outcome is Outcome.PASS:
+            break
         result.notes.extend(runs.notes)
-        wanted = values_wanted(result, baseline, resumed, resume_at)
-        if wanted is None:
-            return result
-
-        def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
-            # A merged path names its rank (`path[rank r]`); each rank's child knows the path alone.
-            own = tuple((step, frozenset(own_path(path) for path in paths)) for step, paths in whole)
-            again, failed = runs.run([
-                _Run("baseline (values)", dataclasses.replace(run, last=last, whole=own)),
-                _Run("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True, whole=own,
-                                                                 checkpoint=run.checkpoint + ".values")),
-                _Run("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True,
-                                                             whole=own), resumed=True),
-            ])
-            return again, None if failed is None else failed.error
-
-        notes = fetch_values(wanted, (baseline, interrupted, resumed), resume_at, rerun)
-        result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, judged, config)
-        result.notes.extend(runs.notes + notes)
+        judged_sparse = result
+        started = runs.started
+    result.notes.extend(runs.notes)
+    wanted = values_wanted(result, baseline, resumed, resume_at)
+    if wanted is None:
         return result
+
+    def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
+        # A merged path names its rank (`path[rank r]`); each rank's child knows the path alone.
+        own = tuple((step, frozenset(own_path(path) for path in paths)) for step, paths in whole)
+        again, failed = runs.run([
+            _Run("baseline (values)", dataclasses.replace(run, last=last, whole=own)),
+            _Run("interrupted (values)", dataclasses.replace(run, last=resume_at, save=True, whole=own,
+                                                             checkpoint=run.checkpoint + ".values")),
+            _Run("resumed (values)", dataclasses.replace(run, first=resume_at + 1, last=last, load=True,
+                                                         whole=own), resumed=True),
+        ])
+        return again, None if failed is None else failed.error
+
+    notes = fetch_values(wanted, (baseline, interrupted, resumed), resume_at, rerun)
+    result = judge_resume(baseline, repeat, interrupted, resumed, resume_at, setup.judged, setup.config)
+    result.notes.extend(runs.notes + notes)
+    return result
 
 
 class _Run(NamedTuple):
