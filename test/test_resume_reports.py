@@ -25,7 +25,7 @@ class ResumeReportTest(tp.TestCase):
     def test_model(self) -> None:
         self.assertExpectedInline(report("model"), """\
 trainparity resume check: FAIL at model.body.weight (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='model')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='model')", resume_at=3, seed=0, steps=6
 
 First violation: model.body.weight (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -53,7 +53,7 @@ All violations (46):
     def test_optimizer(self) -> None:
         self.assertExpectedInline(report("optimizer"), """\
 trainparity resume check: FAIL at optimizer.state.body.weight.step (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='optimizer')", resume_at=3, seed=0, steps=6
 
 First violation: optimizer.state.body.weight.step (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -77,7 +77,7 @@ All violations (65):
     def test_scheduler(self) -> None:
         self.assertExpectedInline(report("scheduler"), """\
 trainparity resume check: FAIL at scheduler.last_epoch (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scheduler')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='scheduler')", resume_at=3, seed=0, steps=6
 
 First violation: scheduler.last_epoch (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -105,7 +105,7 @@ All violations (31):
     def test_scaler(self) -> None:
         self.assertExpectedInline(report("scaler"), """\
 trainparity resume check: FAIL at scaler.scale (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='scaler')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='scaler')", resume_at=3, seed=0, steps=6
 
 First violation: scaler.scale (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -130,7 +130,7 @@ All violations (8):
     def test_rng_torch(self) -> None:
         self.assertExpectedInline(report("rng.torch"), """\
 trainparity resume check: FAIL at rng.torch (not_restored, step 4)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.torch')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='rng.torch')", resume_at=3, seed=0, steps=6
 
 First violation: rng.torch (step 4, kind: rng_mismatch, cause: not_restored)
   The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
@@ -152,7 +152,7 @@ All violations (43):
     def test_rng_numpy(self) -> None:
         self.assertExpectedInline(report("rng.numpy"), """\
 trainparity resume check: FAIL at rng.numpy (not_restored, step 4)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.numpy')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='rng.numpy')", resume_at=3, seed=0, steps=6
 
 First violation: rng.numpy (step 4, kind: rng_mismatch, cause: not_restored)
   The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
@@ -174,7 +174,7 @@ All violations (43):
     def test_rng_python(self) -> None:
         self.assertExpectedInline(report("rng.python"), """\
 trainparity resume check: FAIL at rng.python (not_restored, step 4)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.python')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='rng.python')", resume_at=3, seed=0, steps=6
 
 First violation: rng.python (step 4, kind: rng_mismatch, cause: not_restored)
   The RNG stream at the start of the step differs from uninterrupted training: load() did not restore it.
@@ -196,7 +196,7 @@ All violations (43):
     def test_counter(self) -> None:
         self.assertExpectedInline(report("counter"), """\
 trainparity resume check: FAIL at global_step (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='counter')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='counter')", resume_at=3, seed=0, steps=6
 
 First violation: global_step (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -224,7 +224,7 @@ All violations (52):
     def test_ema(self) -> None:
         self.assertExpectedInline(report("ema"), """\
 trainparity resume check: FAIL at ema (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='ema')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='ema')", resume_at=3, seed=0, steps=6
 
 First violation: ema (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -245,7 +245,7 @@ All violations (4):
     def test_eval_after_load(self) -> None:
         self.assertExpectedInline(report("eval_after_load"), """\
 trainparity resume check: FAIL at model.training (not_restored, step 4)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='eval_after_load')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='eval_after_load')", resume_at=3, seed=0, steps=6
 
 First violation: model.training (step 4, kind: state_mismatch, cause: not_restored)
   The State's modules are in another mode (train or eval, which dropout and batch norm follow) after the step than in uninterrupted training. load() left them in 'eval' where the save found 'train', and no step set it since: call model.train() after loading.
@@ -269,7 +269,7 @@ All violations (46):
     def test_attribute(self) -> None:
         self.assertExpectedInline(report("attribute"), """\
 trainparity resume check: FAIL at model.temperature (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='attribute')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='attribute')", resume_at=3, seed=0, steps=6
 
 First violation: model.temperature (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -297,7 +297,7 @@ All violations (43):
     def test_optimizer2(self) -> None:
         self.assertExpectedInline(report("optimizer2"), """\
 trainparity resume check: FAIL at optimizer2.state.head.weight.step (not_restored, step 3)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='optimizer2')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='optimizer2')", resume_at=3, seed=0, steps=6
 
 First violation: optimizer2.state.head.weight.step (step 3, kind: state_mismatch, cause: not_restored)
   The State right after load() differs from the State right after save().
@@ -321,7 +321,7 @@ All violations (42):
     def test_data_replay(self) -> None:
         self.assertExpectedInline(report("data_replay"), """\
 trainparity resume check: FAIL at data.sample_ids (data_replayed, step 4, sample 0)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_replay')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='data_replay')", resume_at=3, seed=0, steps=6
 
 First violation: data.sample_ids (step 4, position 0, sample 0, kind: data_mismatch, cause: data_replayed)
   The resumed run trained on other samples than uninterrupted training.
@@ -345,7 +345,7 @@ All violations (45):
     def test_data_skip(self) -> None:
         self.assertExpectedInline(report("data_skip"), """\
 trainparity resume check: FAIL at data.sample_ids (data_skipped, step 4, sample 16)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='data_skip')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='data_skip')", resume_at=3, seed=0, steps=6
 
 First violation: data.sample_ids (step 4, position 0, sample 16, kind: data_mismatch, cause: data_skipped)
   The resumed run trained on other samples than uninterrupted training.
@@ -369,7 +369,7 @@ All violations (45):
     def test_rng_consumed(self) -> None:
         self.assertExpectedInline(report("rng_consumed"), """\
 trainparity resume check: FAIL at rng.torch (rng_mismatch, step 4)
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng_consumed')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='rng_consumed')", resume_at=3, seed=0, steps=6
 
 First violation: rng.torch (step 4, kind: rng_mismatch)
   The RNG stream at the start of the step differs from uninterrupted training: it was restored, then consumed between load() and this step (for example by a new DataLoader iterator drawing its base seed).
@@ -391,7 +391,7 @@ All violations (43):
     def test_unrestored_stream_without_effect(self) -> None:
         self.assertExpectedInline(report("rng.python", use_python_random=False), """\
 trainparity resume check: PASS
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='rng.python', use_python_random=False)", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='rng.python', use_python_random=False)", resume_at=3, seed=0, steps=6
 
 Notes:
   - rng.python differs from uninterrupted training from step 4 on, but nothing else diverged: reported, not failed.""")
@@ -401,7 +401,7 @@ Notes:
         head = result.report().split("Traceback from the recipe:")[0].rstrip()
         self.assertExpectedInline(head, """\
 trainparity resume check: ERROR
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='load_returns_dict')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='load_returns_dict')", resume_at=3, seed=0, steps=6
 reason: resumed: the recipe raised TypeError: ResumeRecipe.load() must return a tp.State, got dict""")
 
     def test_nondeterministic_baseline(self) -> None:
@@ -409,7 +409,7 @@ reason: resumed: the recipe raised TypeError: ResumeRecipe.load() must return a 
         text = re.sub(r"-?\d+\.\d+(e-?\d+)?", "<float>", report("nondeterministic"))
         self.assertExpectedInline(text, """\
 trainparity resume check: ABSTAIN
-config: comparison='exact', isolation='process', recipe="resume_recipes:ResumeRecipe(fault='nondeterministic')", resume_at=3, seed=0, steps=6
+config: comparison='exact', isolation='process', precision='native', recipe="resume_recipes:ResumeRecipe(fault='nondeterministic')", resume_at=3, seed=0, steps=6
 reason: baseline not reproducible: loss differs at step 1
 
 First violation: loss (step 1, kind: nondeterministic_baseline, cause: baseline_nondeterministic)
