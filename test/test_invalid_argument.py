@@ -85,7 +85,7 @@ def test_the_command_line_says_usage_error_for_misuse_and_shows_a_bug_of_ours(
     def broken(*args: object, **kwargs: object) -> tp.ResumeResult:
         raise KeyError("an internal bug")  # no misuse: a bug of ours must not read as a typo
 
-    monkeypatch.setattr("trainparity._resume.check_resume", broken)
+    monkeypatch.setattr("trainparity.check_resume", broken)  # the command runs the public function
     assert _cli.main(["resume", spec]) == _cli.INTERNAL_ERROR
     shown = capsys.readouterr().err
     assert "Traceback" in shown and "KeyError: 'an internal bug'" in shown
