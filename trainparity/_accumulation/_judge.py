@@ -79,14 +79,9 @@ def judge_accumulation(
 ) -> AccumulationResult | ContributionsNeeded:
     """The verdict on two traces, or ContributionsNeeded when a diagnosis needs what the candidate's trace was
     recorded without; raises ValueError when the candidate's batches could not be cut."""
-    initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
-                              compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
-    for mismatch in initial:
-        violation = Violation("initial_state_mismatch", mismatch.path, mismatch.message, expected=mismatch.expected,
-                              actual=mismatch.actual)
-        return AccumulationResult(Outcome.ABSTAIN, [violation], config=config, reason=(
-            f"the State right after setup() differs between accumulation_steps=1 and accumulation_steps={k} "
-            f"at {mismatch.path}: the two runs do not start from the same state"))
+    different = _different_start(reference, candidate, k, config)
+    if different is not None:
+        return different
     for trace in (reference, candidate):
         if trace.input_error is not None:
             raise InvalidArgument(trace.input_error)
@@ -142,18 +137,38 @@ def judge_accumulation(
         notes.append(f"batch-dependent layers ran in training mode ({', '.join(batch_dependent)}), yet nothing "
                      "diverged")
     drawn = random_draws(reference.windows[:judged], candidate.windows[:judged])
+    return _with_randomness(drawn, AccumulationResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes,
+                                                      config))
+
+
+def _different_start(reference: AccumulationTrace, candidate: AccumulationTrace, k: int,
+                     config: dict[str, JsonValue]) -> AccumulationResult | None:
+    """ABSTAIN when the two runs do not start from the same State and RNG streams: nothing can be judged."""
+    initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
+                              compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
+    for mismatch in initial:
+        violation = Violation("initial_state_mismatch", mismatch.path, mismatch.message, expected=mismatch.expected,
+                              actual=mismatch.actual)
+        return AccumulationResult(Outcome.ABSTAIN, [violation], config=config, reason=(
+            f"the State right after setup() differs between accumulation_steps=1 and accumulation_steps={k} "
+            f"at {mismatch.path}: the two runs do not start from the same state"))
+    return None
+
+
+def _with_randomness(drawn: str | None, result: AccumulationResult) -> AccumulationResult:
+    """What the runs' random draws say of the verdict: a divergence where they differ cannot be judged (ABSTAIN)."""
     if drawn == "differ":
         drew = ("step() draws random numbers differently in the two runs (the global RNG streams advance at other "
                 "moments with micro-batches than with the full batch)")
-        if violations:
-            return AccumulationResult(Outcome.ABSTAIN, violations, notes, config, reason=(
+        if result.violations:
+            return AccumulationResult(Outcome.ABSTAIN, result.violations, result.notes, result.config, reason=(
                 f"{drew}: the divergence may come from the randomness; make step() deterministic (or draw the same "
                 "numbers once per window) to judge accumulation"))
-        notes.append(f"{drew}, yet nothing diverged")
+        result.notes.append(f"{drew}, yet nothing diverged")
     elif drawn == "same":
-        notes.append("step() draws random numbers, the same ones at the same moments in both runs (before, between "
-                     "and after the optimizer steps of each window): they cannot explain a divergence")
-    return AccumulationResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+        result.notes.append("step() draws random numbers, the same ones at the same moments in both runs (before, "
+                            "between and after the optimizer steps of each window): they cannot explain a divergence")
+    return result
 
 
 def _dropout_note(reference: AccumulationTrace, config: dict[str, JsonValue]) -> str:

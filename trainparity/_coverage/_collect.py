@@ -215,6 +215,31 @@ def epoch_groups(windows: list[Window]) -> list[int]:
     return groups
 
 
+def _read_rank(streams: _Streams, mapping: Any, rank: Any, phase: str, sample_ids: Callable[[Any], Any] | None,
+               ranks_after: int) -> None:
+    """Read one rank's batches of one window into `streams`; the user's errors and the deadline say where."""
+    iterable: Any = None
+    iterator: Any = None
+    finished = late = False
+    try:
+        try:
+            iterable = mapping[rank]
+            iterator = iter(iterable)
+        except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
+            raise UserCodeFailed(error, phase, int(rank)) from error
+        if sample_ids is not None or type(iterable) not in (list, tuple) \
+                or not streams.read_tensors(iterable, phase, ranks_after):
+            streams.read(iterator, sample_ids, phase, int(rank), ranks_after)
+        finished = True
+    except DeadlinePassed as interruption:
+        late = True
+        raise ReadingTimedOut(interruption, phase, int(rank)) from None
+    finally:
+        # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
+        release_iterator(iterator, iterable, finished, late)
+        del iterator, iterable
+
+
 def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> Observations:
     """Iterate every rank's batches into one array of IDs with its segment and batch tables.
 
@@ -232,26 +257,7 @@ def collect(windows: list[Window], sample_ids: Callable[[Any], Any] | None) -> O
             ranks_after = len(ranks) - position - 1
             phase = f"window {window} (epoch {label}), rank {rank}" if several else f"epoch {label}, rank {rank}"
             first_id, first_batch = streams.size, len(streams.batch_starts)
-            iterable: Any = None
-            iterator: Any = None
-            finished = late = False
-            try:
-                try:
-                    iterable = mapping[rank]
-                    iterator = iter(iterable)
-                except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
-                    raise UserCodeFailed(error, phase, int(rank)) from error
-                if sample_ids is not None or type(iterable) not in (list, tuple) \
-                        or not streams.read_tensors(iterable, phase, ranks_after):
-                    streams.read(iterator, sample_ids, phase, int(rank), ranks_after)
-                finished = True
-            except DeadlinePassed as interruption:
-                late = True
-                raise ReadingTimedOut(interruption, phase, int(rank)) from None
-            finally:
-                # Only a generator is closed: another iterator may be its own iterable, reused in the next epoch.
-                release_iterator(iterator, iterable, finished, late)
-                del iterator, iterable
+            _read_rank(streams, mapping, rank, phase, sample_ids, ranks_after)
             pieces.append((groups[window], int(rank), window, first_id, streams.size, first_batch,
                            len(streams.batch_starts)))
     total = streams.size

@@ -82,24 +82,8 @@ def judge_data_parallel(
                               first.gradients.get(m.path), other.gradients.get(m.path)))
         for m in compare_snapshots(expected.gradients, first.gradients, comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
-            cause, preface = step_cause, (
-                "Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a world "
-                "of size 1)."
-            )
-            if cause is None and _scaled(e, a, world_size):
-                cause = step_cause = "loss_not_averaged"
-                preface = (
-                    f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the "
-                    "gradients) was summed across ranks where the full batch takes a mean."
-                )
-            elif cause is None and batch_dependent:
-                cause = step_cause = "batch_dependent_layer"
-                preface = (
-                    "Rank 0's gradients at its optimizer step differ from the reference's: "
-                    f"{', '.join(batch_dependent)} normalize by the statistics of the batch each process sees in "
-                    "training mode, and a rank's shard has other statistics than the full batch. To normalize over "
-                    "the whole batch across ranks, convert them with nn.SyncBatchNorm.convert_sync_batchnorm(model)."
-                )
+            cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause)
+            step_cause = cause
             found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
         for rank, other in enumerate(observed[1:], start=1):
             for m in compare_snapshots(first.parameters, other.parameters, comparison):
@@ -128,6 +112,24 @@ def judge_data_parallel(
             "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
         )
     return DataParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, batch_dependent: list[str],
+                              step_cause: str | None) -> tuple[str | None, str]:
+    """Why rank 0's gradient differs from the reference's: the step's cause where one is known, else a gradient
+    world_size times too large, else a layer that normalizes by its shard's statistics."""
+    if step_cause is None and _scaled(expected, actual, world_size):
+        return "loss_not_averaged", (
+            f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the gradients) "
+            "was summed across ranks where the full batch takes a mean.")
+    if step_cause is None and batch_dependent:
+        return "batch_dependent_layer", (
+            f"Rank 0's gradients at its optimizer step differ from the reference's: {', '.join(batch_dependent)} "
+            "normalize by the statistics of the batch each process sees in training mode, and a rank's shard has "
+            "other statistics than the full batch. To normalize over the whole batch across ranks, convert them "
+            "with nn.SyncBatchNorm.convert_sync_batchnorm(model).")
+    return step_cause, ("Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a "
+                        "world of size 1).")
 
 
 def _violation(

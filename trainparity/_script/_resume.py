@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -73,54 +74,61 @@ def check_resume_script(
         "comparison": declared.describe(),
     }
     with scratch_directory("trainparity-script-") as chains:
-        runs = ScriptRuns(chains, deadline, variables, cwd)
-        job = runs.job
+        return _run_and_judge(ScriptRuns(chains, deadline, variables, cwd), chains, (run_command, continue_command),
+                              steps, resume_at, declared, config)
 
-        def traced(mode: str, last: int, first: int, **fields: Any) -> ScriptRun:
-            # A step's tensors as digests but for a few small ones: the values the report shows are fetched (below).
-            return ScriptRun(mode, last, resume_at, first, step_digests=True, **fields)
 
-        handoff = str(chains / "saved-at")
-        # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
-        # exited, while the baselines run beside them.
-        outcomes = runs.run([
-            job("interrupted", run_command, "resumed", traced("interrupted", steps, 1, handoff=handoff)),
-            job("baseline", run_command, "baseline", traced("baseline", steps, 1)),
-            dataclasses.replace(job("resumed", continue_command, "resumed",
-                                    traced("resumed", steps, 0, handoff=handoff)), after=0),
-            job("baseline (repeat)", run_command, "repeat", traced("baseline", steps, 1)),
-        ])
-        error = run_error(outcomes, steps, resume_at)
-        if error is not None:
-            return ResumeResult.errored(error, config)
-        interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
-        saved_at = interrupted.steps[-1].step
-        notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
-        if saved_at != resume_at:
-            notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step "
-                         f"{saved_at}.")
+def _run_and_judge(runs: ScriptRuns, chains: pathlib.Path, commands: tuple[list[str], list[str]], steps: int,
+                   resume_at: int, declared: Comparison, config: dict[str, Any]) -> ResumeResult:
+    """The four runs of the script, judged; then the values the report shows, fetched by running three again."""
+    run_command, continue_command = commands
+    job = runs.job
+
+    def traced(mode: str, last: int, first: int, **fields: Any) -> ScriptRun:
+        # A step's tensors as digests but for a few small ones: the values the report shows are fetched (below).
+        return ScriptRun(mode, last, resume_at, first, step_digests=True, **fields)
+
+    handoff = str(chains / "saved-at")
+    # As in check_resume: the resumed run starts as soon as the interrupted one has saved and
+    # exited, while the baselines run beside them.
+    outcomes = runs.run([
+        job("interrupted", run_command, "resumed", traced("interrupted", steps, 1, handoff=handoff)),
+        job("baseline", run_command, "baseline", traced("baseline", steps, 1)),
+        dataclasses.replace(job("resumed", continue_command, "resumed",
+                                traced("resumed", steps, 0, handoff=handoff)), after=0),
+        job("baseline (repeat)", run_command, "repeat", traced("baseline", steps, 1)),
+    ])
+    error = run_error(outcomes, steps, resume_at)
+    if error is not None:
+        return ResumeResult.errored(error, config)
+    interrupted, baseline, resumed, repeat = (o.output for o in outcomes)
+    saved_at = interrupted.steps[-1].step
+    notes = _drop_unseeded_streams(baseline, (baseline, repeat, interrupted, resumed))
+    if saved_at != resume_at:
+        notes.append(f"the script's first checkpoint at or after step {resume_at} was written after step "
+                     f"{saved_at}.")
+    result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
+    wanted = values_wanted(result, baseline, resumed, saved_at)
+    if wanted is not None:
+
+        def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
+            """The three runs again, in chains of their own, to step `last` with `whole` shipped whole."""
+            paths = tuple((step, tuple(sorted(names))) for step, names in whole)
+            again = str(chains / "saved-at.values")
+            rerun_outcomes = runs.run([
+                job("baseline (values)", run_command, "baseline-values",
+                    traced("baseline", last, 1, whole=paths)),
+                job("interrupted (values)", run_command, "resumed-values",
+                    traced("interrupted", steps, 1, handoff=again, whole=paths)),
+                dataclasses.replace(job("resumed (values)", continue_command, "resumed-values",
+                                        traced("resumed", last, 0, handoff=again, whole=paths)),
+                                    after=1),
+            ])
+            failed = run_error(rerun_outcomes, last, resume_at)
+            return [o.output for o in rerun_outcomes], failed
+
+        notes += fetch_values(wanted, (baseline, interrupted, resumed), saved_at, rerun)
         result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
-        wanted = values_wanted(result, baseline, resumed, saved_at)
-        if wanted is not None:
-
-            def rerun(last: int, whole: Whole) -> tuple[list[RunTrace], ChildError | None]:
-                """The three runs again, in chains of their own, to step `last` with `whole` shipped whole."""
-                paths = tuple((step, tuple(sorted(names))) for step, names in whole)
-                again = str(chains / "saved-at.values")
-                rerun_outcomes = runs.run([
-                    job("baseline (values)", run_command, "baseline-values",
-                        traced("baseline", last, 1, whole=paths)),
-                    job("interrupted (values)", run_command, "resumed-values",
-                        traced("interrupted", steps, 1, handoff=again, whole=paths)),
-                    dataclasses.replace(job("resumed (values)", continue_command, "resumed-values",
-                                            traced("resumed", last, 0, handoff=again, whole=paths)),
-                                        after=1),
-                ])
-                failed = run_error(rerun_outcomes, last, resume_at)
-                return [o.output for o in rerun_outcomes], failed
-
-            notes += fetch_values(wanted, (baseline, interrupted, resumed), saved_at, rerun)
-            result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
     result.notes.extend(notes)
     return result
 
