@@ -20,20 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from trainparity._recipe._spec import Spec, SpecError, load_spec, parse_spec
-from trainparity._results._result import (
-    AccumulationResult,
-    CoverageResult,
-    DataParallelResult,
-    FrozenResult,
-    MixedPrecisionResult,
-    OptimizerCoverageResult,
-    Result,
-    ResumeResult,
-    RunsResult,
-    TrainingResult,
-    TrainModeResult,
-    WorkerRandomnessResult,
-)
+from trainparity._results._result import Result, TrainingResult
 from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import ToleranceComparison
 from trainparity._validation import InvalidArgument
@@ -151,7 +138,6 @@ class CheckCommand:
     name: str
     summary: str
     check: str
-    result_type: type[Result]
     options: tuple[Option, ...]
     arguments: Callable[[argparse.Namespace, Spec, Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = _recipe
     spec_help: str = RECIPE_HELP
@@ -167,6 +153,11 @@ class CheckCommand:
 
         check: Callable[..., Result] = getattr(tp, self.check)
         return check
+
+    def result_type(self) -> type[Result]:
+        """What the check returns, as its signature says: the type of an ERROR result made here."""
+        returned: type[Result] = inspect.signature(self.function(), eval_str=True).return_annotation
+        return returned
 
     def add_to(self, commands: Any) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = commands.add_parser(
@@ -210,7 +201,7 @@ class CheckCommand:
             except (UsageError, SpecError):
                 raise
             except Exception as error:  # noqa: BLE001 - the user's module or function raised (a SyntaxError included)
-                return _errored(self.result_type, phase, error, {self.key: spec.text, **named})
+                return _errored(self.result_type(), phase, error, {self.key: spec.text, **named})
             positional, extra = self.arguments(args, spec, loaded)
             keywords.update(extra)
         if self.tolerance:
@@ -284,7 +275,7 @@ def _require_writable(path: pathlib.Path) -> None:
 
 COMMANDS = (
     CheckCommand("resume", "resume equivalence: save, exit, load in a fresh process and continue like uninterrupted "
-                 "training", "check_resume", ResumeResult, (
+                 "training", "check_resume", (
                      *_recipe_options(ALL_ISOLATIONS[1:] + ("inprocess",), "process"),
                      Option("steps", "steps of training compared (default: %(default)s)"),
                      Option("resume_at", "the step after which the run saves, exits and resumes (default: steps // 2)",
@@ -295,7 +286,7 @@ COMMANDS = (
                      Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
                      _precision("default when the world size changes; else native"))),
     CheckCommand("accumulation", "accumulation equivalence: k micro-batches of accumulation against one full-batch "
-                 "step", "check_accumulation", AccumulationResult, (
+                 "step", "check_accumulation", (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("microbatches", "number of equal micro-batches, or their sizes (default: %(default)s)",
                             type=_microbatches, metavar="K|N,N,..."),
@@ -307,7 +298,7 @@ COMMANDS = (
                             "cause (default), or run them in eval mode to judge the loop alone", type=None,
                             choices=("fail", "eval")))),
     CheckCommand("data-parallel", "data-parallel equivalence: real torch.distributed ranks against the same recipe in "
-                 "a world of size 1", "check_data_parallel", DataParallelResult, (
+                 "a world of size 1", "check_data_parallel", (
                      *_recipe_options(("process", "spawn"), "process; spawn for nccl"),
                      Option("world_size", "number of ranks (default: %(default)s)"),
                      Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
@@ -315,14 +306,14 @@ COMMANDS = (
                      _precision())),
     CheckCommand("optimizer-coverage", "optimizer coverage: every trainable parameter in exactly one optimizer group, "
                  "frozen ones in none, every parameter reached by a gradient", "check_optimizer_coverage",
-                 OptimizerCoverageResult, (
+                 (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("steps", "calls of step() observed after setup() (default: 1; 0: setup() only)")),
                  tolerance=False),
     CheckCommand("mixed-precision", "mixed precision: the GradScaler's contract (scaler.step, update, unscale_ before "
                  "clipping, skipped steps), non-finite losses, gradients and parameters, and autocast coverage "
                  "(regions that lower nothing, ops run in float32 inside them)", "check_mixed_precision",
-                 MixedPrecisionResult, (
+                 (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("steps", STEPS_OBSERVED),
                      Option("max_skipped_steps", "optimizer steps the GradScaler may skip (default: half of its "
@@ -334,7 +325,7 @@ COMMANDS = (
                             "%(default)s)", type=float, metavar="F")),
                  tolerance=False),
     CheckCommand("frozen", "frozen parameters and buffers stay bitwise unchanged through a few steps, and what moved "
-                 "one (a stale gradient, weight decay, a BatchNorm in train mode)", "check_frozen", FrozenResult, (
+                 "one (a stale gradient, weight decay, a BatchNorm in train mode)", "check_frozen", (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("frozen", "a glob over parameter and buffer names that are meant to stay frozen, e.g. "
                             "'backbone.*'; repeat it for several (default: the parameters with requires_grad=False "
@@ -343,7 +334,7 @@ COMMANDS = (
                      Option("steps", STEPS_OBSERVED)),
                  tolerance=False),
     CheckCommand("train-mode", "train/eval mode: the modules whose behaviour depends on their mode train in train "
-                 "mode, and evaluations leave the training alone", "check_train_mode", TrainModeResult, (
+                 "mode, and evaluations leave the training alone", "check_train_mode", (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("steps", STEPS_OBSERVED),
                      Option("eval_modules", "a glob over module names deliberately in eval mode (a frozen BatchNorm "
@@ -352,7 +343,7 @@ COMMANDS = (
                  tolerance=False),
     CheckCommand("training", "training health: one observed run, its loss, gradient norms, update sizes, learning "
                  "rates and skipped steps per step (printed as a table after the report), and the verdicts asked "
-                 "for", "check_training", TrainingResult, (
+                 "for", "check_training", (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
                      Option("steps", STEPS_OBSERVED),
                      Option("min_decrease", "judge loss_not_decreasing: the median loss of the last --window steps "
@@ -377,7 +368,7 @@ COMMANDS = (
                             "e.g. 100 (default: not judged)", type=float, metavar="G")),
                  tolerance=False),
     CheckCommand("resume-script", "resume equivalence of an unmodified training script, run as real processes",
-                 "check_resume_script", ResumeResult, (
+                 "check_resume_script", (
                      Option("command", "the command that trains from scratch, split like a shell; {workdir} is a "
                             "fresh directory per run chain (the interrupted and the resumed run share one)",
                             type=None, flag="--run", required=True, metavar="COMMAND"),
@@ -391,7 +382,7 @@ COMMANDS = (
                  "uninterrupted runs, one ended by a real exit right after the script's own first checkpoint at or "
                  "after --resume-at, and --resume continuing from it"),
     CheckCommand("equivalent", "two training commands that should train the same, compared optimizer step by step",
-                 "check_runs_equivalent", RunsResult, (
+                 "check_runs_equivalent", (
                      Option("reference", "the command that trains as it should, split like a shell; {workdir} is a "
                             "fresh directory per run", type=None, required=True, metavar="COMMAND"),
                      Option("candidate", "the command that should train the same", type=None, required=True,
@@ -401,7 +392,7 @@ COMMANDS = (
                  arguments=None, description="two training commands that should train the same (a refactor, "
                  "another launcher, another accumulation), compared optimizer step by step"),
     CheckCommand("coverage", "sample coverage: audit the sample IDs ranks read against a policy", "check_coverage",
-                 CoverageResult, (
+                 (
                      Option("max_violations", "list at most N violations (default: 1,000,000; the notes count them "
                             "all)", metavar="N"),
                      Option("timeout", "seconds the reading of the iterables may take before the check ends in ERROR "
@@ -410,7 +401,7 @@ COMMANDS = (
                  spec_help="package.module:function or path/to/file.py:function, optionally with literal arguments, "
                  "returning (ranks, policy) or (ranks, policy, sample_ids): the arguments of tp.check_coverage"),
     CheckCommand("worker-randomness", "worker randomness: DataLoader workers, or epochs, that draw the same random "
-                 "numbers (augmentations)", "check_worker_randomness", WorkerRandomnessResult, (
+                 "numbers (augmentations)", "check_worker_randomness", (
                      Option("epochs", "epochs of the loader iterated (default: %(default)s)"),
                      Option("batches", "batches per epoch (default: whole epochs)", metavar="N"),
                      Option("timeout", "seconds the whole check may take before it ends in ERROR and its workers are "
