@@ -35,7 +35,7 @@ class TestLanguageModel(tp.TestCase):
         self.assertEqual(result.notes[1:], [
             "The update ratio of optimizer 'optimizer' was not judged at step 1: lr_schedule declares a learning rate "
             "of 0 there."])
-        self.assertRegex(result.notes[0], r"^Loss: at most [0-9.]+ \(step [0-9]+\), below max_loss_growth=100 times")
+        self.assertRegex(result.notes[0], r"^Loss: at most [0-9.]+ \(step [0-9]+\), below max_loss_growth=100.0 times")
         self.assertEqual(result.telemetry[0].updates[0].update_ratio, [0.0, 0.0])
 
 
