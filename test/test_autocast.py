@@ -19,6 +19,7 @@ from trainparity._observe._autocast import AUTOCAST, AutocastUse, AutocastWatch,
 from trainparity._preflight._autocast import AutocastRules, _bypass_violations, _Group
 from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._process._wire import dump, load
+from trainparity._records import read
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals,
               pytest.mark.filterwarnings("ignore:CUDA is not available:UserWarning")]
@@ -263,10 +264,10 @@ def test_traces_survive_the_wire_format(tmp_path: Any) -> None:
 
     preflight = Preflight.prepare(recipes.Float32Head, steps=1, minimum_steps=1, seed=0, isolation=None,
                                   timeout=None)
-    wire = mixed_precision_run(preflight.payload, tmp_path)
-    dump(wire, tmp_path / "trace")
-    trace = PrecisionTrace.from_wire(load(tmp_path / "trace"))
-    assert trace.steps[0].autocast == PrecisionTrace.from_wire(wire).steps[0].autocast
+    run = mixed_precision_run(preflight.payload, tmp_path)
+    dump(run, tmp_path / "trace")
+    trace = read(PrecisionTrace, load(tmp_path / "trace"), "trace")
+    assert trace.steps[0].autocast == run.steps[0].autocast
     assert trace.steps[0].autocast.bypasses[0].module == "head"
 
 

@@ -11,7 +11,7 @@ from wide_recipes import Tabled, Wide
 
 import trainparity as tp
 from trainparity._recipe._reference import resolve_recipe
-from trainparity._resume._trace import RunTrace, TrainPayload, train_run
+from trainparity._resume._trace import TrainPayload, train_run
 from trainparity._state import _digest
 from trainparity._state._compare import DIGESTS_DIFFER
 from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest
@@ -133,7 +133,7 @@ def test_a_step_keeps_a_budget_of_small_tensors_whole_and_the_save_every_small_t
     """What the parent holds per step is bounded: large tensors as digests, small ones whole up to STEP_WHOLE_BYTES
     (the report shows their values without training again); the save, once per run, ships every small tensor whole."""
     payload = TrainPayload(resolve_recipe(Wide()), 0, 1, 2, str(tmp_path / "checkpoint"), save=True, digests=True)
-    trace = RunTrace.from_wire(train_run(payload, tmp_path))
+    trace = train_run(payload, tmp_path)
     step = trace.steps[-1]
     assert isinstance(step.state["model.0.weight"], Digest)  # 512 KiB
     assert isinstance(step.state["model.0.bias"], torch.Tensor)  # 2 KiB

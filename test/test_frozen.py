@@ -15,6 +15,7 @@ from torch import nn
 import trainparity as tp
 from trainparity._preflight._frozen import FrozenTrace
 from trainparity._process._wire import dump, load
+from trainparity._records import read
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -169,10 +170,11 @@ def test_the_trace_survives_the_wire_format(tmp_path: Any) -> None:
     from trainparity._recipe._reference import resolve_recipe
 
     job = Job("trainparity._preflight._frozen:frozen_run", FrozenPayload(resolve_recipe(recipes.StaleGradient), 2, 0),
-              "training")
+              "training", record=FrozenTrace)
     output = run_jobs([job], deadline=Deadline.after(60), isolation="inprocess")[0].output
+    assert isinstance(output, FrozenTrace) and output.watch.events
     dump(output, tmp_path / "trace")
-    assert repr(FrozenTrace.from_wire(load(tmp_path / "trace"))) == repr(FrozenTrace.from_wire(output))
+    assert repr(read(FrozenTrace, load(tmp_path / "trace"), "trace")) == repr(output)
 
 
 # -- misuse, errors, surfaces -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from trainparity._preflight._mixed_precision import PrecisionTrace
 from trainparity._preflight._optimizer_coverage import CoverageTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
+from trainparity._records import read
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -374,15 +375,16 @@ def test_traces_survive_the_wire_format(tmp_path: Any) -> None:
     from trainparity._process._options import Deadline
     from trainparity._recipe._reference import resolve_recipe
 
-    for task, recipe, decode in [
-        ("trainparity._preflight._optimizer_coverage:optimizer_coverage_run", recipes.GPT, CoverageTrace.from_wire),
-        ("trainparity._preflight._mixed_precision:mixed_precision_run", recipes.NanLoss, PrecisionTrace.from_wire),
+    for task, recipe, record in [
+        ("trainparity._preflight._optimizer_coverage:optimizer_coverage_run", recipes.GPT, CoverageTrace),
+        ("trainparity._preflight._mixed_precision:mixed_precision_run", recipes.NanLoss, PrecisionTrace),
     ]:
-        job = Job(task, PreflightPayload(resolve_recipe(recipe), 2, 0), "training")
+        job = Job(task, PreflightPayload(resolve_recipe(recipe), 2, 0), "training", record=record)
         output = run_jobs([job], deadline=Deadline.after(60), isolation="inprocess")[0].output
+        assert isinstance(output, record)
         dump(output, tmp_path / "trace")
-        assert repr(decode(load(tmp_path / "trace"))) == repr(decode(output))
-    assert decode(output).steps[1].loss == -math.inf
+        assert repr(read(record, load(tmp_path / "trace"), "trace")) == repr(output)
+    assert output.steps[1].loss == -math.inf
 
 
 @pytest.mark.parametrize(("check", "kwargs", "error", "message"), [

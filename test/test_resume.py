@@ -18,7 +18,7 @@ from resume_recipes import ResumeRecipe
 
 import trainparity as tp
 from trainparity._recipe._reference import resolve_recipe
-from trainparity._resume._trace import RunTrace, TrainPayload, train_run
+from trainparity._resume._trace import TrainPayload, train_run
 
 pytestmark = [pytest.mark.exact, pytest.mark.torch_internals]
 
@@ -100,11 +100,11 @@ def test_the_runs_of_a_check_snapshot_the_state_only_where_asked(tmp_path: pathl
     """`states_at` leaves the State out of the other steps' records, never their RNG streams, samples or loss."""
     payload = TrainPayload(resolve_recipe(ResumeRecipe()), 0, 1, 4, str(tmp_path / "checkpoint"), save=True,
                            digests=True, states_at=frozenset({2, 4}))
-    trace = RunTrace.from_wire(train_run(payload, tmp_path))
+    trace = train_run(payload, tmp_path)
     assert [bool(record.state) for record in trace.steps] == [False, True, False, True]
     assert all(record.rng and record.loss is not None and record.sample_ids for record in trace.steps)
     assert trace.saved is not None and trace.saved.state
-    every = RunTrace.from_wire(train_run(dataclasses.replace(payload, states_at=None), tmp_path))
+    every = train_run(dataclasses.replace(payload, states_at=None), tmp_path)
     assert all(record.state for record in every.steps)
     assert every.steps[1].state.keys() == trace.steps[1].state.keys()
 

@@ -23,9 +23,10 @@ from tensor_kinds import KINDS, KindsRecipe, changed
 
 import trainparity as tp
 from trainparity._process import _wire
+from trainparity._records import read
 from trainparity._state._compare import EXACT, Comparison, Snapshot, compare_snapshots
 from trainparity._state._precision import FLOAT64_TOLERANCE
-from trainparity._state._snapshot import Digesting, key_text, snapshot_from_wire, snapshot_state, snapshot_to_wire
+from trainparity._state._snapshot import Digesting, key_text, snapshot_state
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -38,8 +39,8 @@ DIGESTINGS = [None, Digesting(above=0)]
 
 def over_the_wire(snapshot: Snapshot, directory: pathlib.Path) -> Snapshot:
     """The snapshot as the parent reads it from a child."""
-    _wire.dump(snapshot_to_wire(snapshot), directory / "trace")
-    return snapshot_from_wire(_wire.load(directory / "trace"))
+    _wire.dump(snapshot, directory / "trace")
+    return read(Snapshot, _wire.load(directory / "trace"), "snapshot")
 
 
 def differing_paths(expected: tp.State, actual: tp.State, tmp_path: pathlib.Path) -> Iterator[list[str]]:

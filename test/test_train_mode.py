@@ -13,6 +13,7 @@ import trainparity as tp
 from trainparity._preflight._train_mode import TrainModeTrace
 from trainparity._process import _session
 from trainparity._process._wire import dump, load
+from trainparity._records import read
 
 pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
@@ -145,10 +146,11 @@ def test_the_trace_survives_the_wire_format(tmp_path: Any) -> None:
     from trainparity._recipe._reference import resolve_recipe
 
     job = Job("trainparity._preflight._train_mode:train_mode_run",
-              TrainModePayload(resolve_recipe(recipes.NoGradEvaluation), 2, 0), "training")
+              TrainModePayload(resolve_recipe(recipes.NoGradEvaluation), 2, 0), "training", record=TrainModeTrace)
     output = run_jobs([job], deadline=Deadline.after(60), isolation="inprocess")[0].output
+    assert isinstance(output, TrainModeTrace) and output.calls
     dump(output, tmp_path / "trace")
-    assert repr(TrainModeTrace.from_wire(load(tmp_path / "trace"))) == repr(TrainModeTrace.from_wire(output))
+    assert repr(read(TrainModeTrace, load(tmp_path / "trace"), "trace")) == repr(output)
 
 
 # -- misuse, errors, surfaces -------------------------------------------------------------------------

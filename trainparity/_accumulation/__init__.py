@@ -142,7 +142,7 @@ def check_accumulation(
     # a gradient differs, and its diagnosis reads each micro-batch's contribution: the candidate runs again
     del outcomes[1:]  # the first run's copies of what differed are not held through the second
     sampling = dataclasses.replace(candidate, expected=reference_trace, comparison=setup.judged)
-    outcomes += run_jobs([Job(TASK, sampling, "candidate", decode=AccumulationTrace.from_wire, workdir=False)],
+    outcomes += run_jobs([Job(TASK, sampling, "candidate", record=AccumulationTrace, workdir=False)],
                          deadline=setup.deadline, isolation=setup.isolation)
     errored = _errored(outcomes, setup)
     if errored is not None:
@@ -157,7 +157,7 @@ def _first_runs(setup: ComparisonSetup, reference: AccumulationPayload,
                 candidate: AccumulationPayload) -> list[JobOutcome]:
     """The reference and the candidate; in this process the candidate runs second, sharing the reference's tensors."""
     def job(payload: AccumulationPayload, phase: str) -> Job:
-        return Job(TASK, payload, phase, decode=AccumulationTrace.from_wire, workdir=False)
+        return Job(TASK, payload, phase, record=AccumulationTrace, workdir=False)
 
     if setup.isolation != "inprocess":
         return run_jobs([job(reference, "reference"), job(candidate, "candidate")], deadline=setup.deadline,

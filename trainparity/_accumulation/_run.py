@@ -59,7 +59,7 @@ class _InputError(Exception):
     """The batch cannot be cut as declared: the check's input is wrong, not the recipe."""
 
 
-def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> AccumulationTrace:
     """Task: set the recipe up and observe `cycles` windows; returns the trace in wire form."""
     recipe = payload.recipe.build(accumulation_steps=payload.accumulation_steps)
     # The lock covers seeding and setup() too: two in-process checks in threads share the global RNG
@@ -88,7 +88,7 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> dic
             trace = AccumulationTrace(initial, initial_rng, input_error, windows, list(observer.optimizers),
                                       observer.dropout, sorted(observer.batch_dependent), observer.stride,
                                       observer.record_contributions)
-    return trace.to_wire()
+    return trace
 
 
 def _run_windows(recipe: Recipe, observer: Observer, payload: AccumulationPayload) -> list[Window]:

@@ -191,15 +191,6 @@ class AutocastUse:
     flops_by_dtype: dict[str, int] = dataclasses.field(default_factory=dict)
     op_devices: list[str] = dataclasses.field(default_factory=list)
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> AutocastUse:
-        return cls([RegionUse(**r) for r in data["regions"]], [Bypass(**b) for b in data["bypasses"]],
-                   [Bypass(**b) for b in data["disabled_bypasses"]], int(data["low_flops"]), int(data["kept_flops"]),
-                   dict(data["calls_by_dtype"]), dict(data["flops_by_dtype"]), list(data["op_devices"]))
-
 
 @dataclasses.dataclass
 class _Open:

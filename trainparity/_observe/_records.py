@@ -20,15 +20,6 @@ class Clip:
     #: the L2 norm of the gradients it was given, taken together and unscaled: the norm before clipping
     norm: float = 0.0
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"function": self.function, "parameters": self.parameters, "scaled": self.scaled, "scale": self.scale,
-                "norm": self.norm}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Clip:
-        return cls(data["function"], list(data["parameters"]), bool(data["scaled"]), data["scale"],
-                   float(data["norm"]))
-
 
 @dataclasses.dataclass
 class StepEvent:
@@ -64,13 +55,6 @@ class ScalerStep:
     order: int | None = None
     #: the loss scale after the first `scaler.update()` that followed it in the same call; None without one
     scale_after: float | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> ScalerStep:
-        return cls(str(data["optimizer"]), float(data["scale"]), data["order"], data["scale_after"])
 
 
 @dataclasses.dataclass
@@ -158,10 +142,3 @@ class ForwardRecord:
 
     passes: list[ForwardPass] = dataclasses.field(default_factory=list)
     switches: list[ModeSwitch] = dataclasses.field(default_factory=list)
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> ForwardRecord:
-        return cls([ForwardPass(**p) for p in data["passes"]], [ModeSwitch(**s) for s in data["switches"]])

@@ -84,7 +84,7 @@ def check_data_parallel(
         def job(rank: int, size: int, tag: str) -> Job:
             payload = RankPayload(setup.recipe, setup.seed, steps, backend, rank, size, tag, str(scratch),
                                   setup.precision)
-            return Job(TASK, payload, tag, rank=None if tag == REFERENCE else rank, decode=RankTrace.from_wire)
+            return Job(TASK, payload, tag, rank=None if tag == REFERENCE else rank, record=RankTrace)
 
         jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
         outcomes = run_jobs(jobs, deadline=setup.deadline, isolation=setup.isolation, concurrency=len(jobs),

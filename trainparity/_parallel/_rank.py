@@ -61,7 +61,7 @@ class RankPayload:
     precision: str
 
 
-def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def run_rank(payload: RankPayload, workdir: pathlib.Path) -> RankTrace:
     """Child task: join the process group, run the recipe, record each step. When a rank fails, the
     others' collectives break and they fail too: the engine reports the failure that came first."""
     store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
@@ -78,7 +78,7 @@ def run_rank(payload: RankPayload, workdir: pathlib.Path) -> dict[str, Any]:
             optimizers = len(observer.optimizers)
             layers = owning_layers(observer)
     leave(recipe, state)
-    return RankTrace(steps, optimizers, batch_dependent, layers).to_wire()
+    return RankTrace(steps, optimizers, batch_dependent, layers)
 
 
 def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,

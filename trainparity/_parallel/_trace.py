@@ -4,7 +4,6 @@ optimizer step, the parameters after it, and a bounded sample of its modules' ou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
@@ -25,11 +24,6 @@ class ModuleOutput:
     #: every `stride`-th element of the whole output in float64, shaped like the output when stride is 1
     stride: int
     values: torch.Tensor
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> ModuleOutput:
-        return cls(str(data["key"]), str(data["module"]), [int(n) for n in data["shape"]], int(data["stride"]),
-                   data["values"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +49,3 @@ class RankTrace:
     batch_dependent: list[str]
     #: parameter name -> the layer that owns it, as reports name it ("model.embed (Linear)")
     layers: dict[str, str]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"steps": [dataclasses.asdict(step) for step in self.steps], "optimizers": self.optimizers,
-                "batch_dependent": self.batch_dependent, "layers": self.layers}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> RankTrace:
-        steps = [RankStep(int(step["step"]), None if step["sample_ids"] is None else list(step["sample_ids"]),
-                          dict(step["gradients"]), dict(step["parameters"]),
-                          [ModuleOutput.from_wire(output) for output in step["outputs"]]) for step in data["steps"]]
-        return cls(steps, int(data["optimizers"]), [str(module) for module in data["batch_dependent"]],
-                   {str(name): str(layer) for name, layer in data["layers"].items()})

@@ -59,13 +59,6 @@ class FrozenTrace:
     watch: WatchRecord
     misuse: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"watch": self.watch.to_wire(), "misuse": self.misuse}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> FrozenTrace:
-        return cls(WatchRecord.from_wire(data["watch"]), data["misuse"])
-
 
 # -- the run (in the child) -------------------------------------------------------------------------
 
@@ -91,14 +84,14 @@ def state_buffers(state: State) -> dict[str, tuple[BufferRef, bool]]:
     return found
 
 
-def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> FrozenTrace:
     """Task: watch what is frozen through `steps` observed calls of `step()`."""
     watch = FrozenWatch()
     with observed_recipe(payload, record_contributions=False, before_step=watch.before_step,
                          after_step=watch.after_step, record_forwards=True) as (recipe, observer):
         state = observer.state
         if not module_prefixes(state):
-            return FrozenTrace(watch.record, NO_MODULE).to_wire()
+            return FrozenTrace(watch.record, NO_MODULE)
         parameters = {f"parameters.{name}": p for name, p in state_parameters(state).values()}
         buffers = {f"buffers.{name}": found for name, found in state_buffers(state).items()}
         watched: dict[str, torch.Tensor | BufferRef]
@@ -116,13 +109,13 @@ def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> dict[str, Any]:
                           "start; materialize them in setup() with a forward pass of a dummy batch (as torch advises "
                           "for lazy modules)")
             if misuse is not None:
-                return FrozenTrace(watch.record, misuse).to_wire()
+                return FrozenTrace(watch.record, misuse)
             every: dict[str, torch.Tensor | BufferRef] = {**parameters, **{p: ref for p, (ref, _) in buffers.items()}}
             watched = {path: source for path, source in every.items() if matches(path.split(".", 1)[1], payload.frozen)}
         watch.start(observer, watched, {})
         for call in observed_calls(recipe, observer, payload.steps):
             watch.end_call(call.number, call.record.forwards)
-    return FrozenTrace(watch.record).to_wire()
+    return FrozenTrace(watch.record)
 
 
 # -- the judgement (in the parent) ------------------------------------------------------------------
@@ -183,7 +176,7 @@ def check_frozen(
     payload = FrozenPayload(**vars(preflight.payload), frozen=globs)
     preflight = dataclasses.replace(preflight, payload=payload,
                                     config={**preflight.config, "frozen": None if globs is None else list(globs)})
-    outcome = preflight.run(TASK, FrozenTrace.from_wire)
+    outcome = preflight.run(TASK, FrozenTrace)
     if outcome.error is not None:
         return FrozenResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: FrozenTrace = outcome.output

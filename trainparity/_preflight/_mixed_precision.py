@@ -87,18 +87,6 @@ class PrecisionStep:
     #: the autocast regions and the matmul, convolution and attention ops the call ran
     autocast: AutocastUse = dataclasses.field(default_factory=AutocastUse)
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"step": self.step, "loss": self.loss,
-                "optimizer_steps": [dataclasses.asdict(s) for s in self.optimizer_steps],
-                "scaler_steps": [s.to_wire() for s in self.scaler_steps], "clips": [c.to_wire() for c in self.clips],
-                "nonfinite_params": self.nonfinite_params, "error": self.error, "autocast": self.autocast.to_wire()}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> PrecisionStep:
-        return cls(int(data["step"]), data["loss"], [OptimizerStep(**s) for s in data["optimizer_steps"]],
-                   [ScalerStep.from_wire(s) for s in data["scaler_steps"]], [Clip.from_wire(c) for c in data["clips"]],
-                   list(data["nonfinite_params"]), data["error"], AutocastUse.from_wire(data["autocast"]))
-
     def taken(self, scaler_step: ScalerStep) -> bool:
         """Whether the optimizer updated its parameters inside `scaler_step`: it was called (an optimizer that
         unscales itself, fused, is called either way) and not told to skip the update (on finite gradients, or on
@@ -124,15 +112,6 @@ class PrecisionTrace:
         """The GradScaler observed: the only enabled one."""
         return self.enabled[0] if len(self.enabled) == 1 else None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "disabled": self.disabled, "optimizers": self.optimizers,
-                "initial_nonfinite": self.initial_nonfinite, "steps": [step.to_wire() for step in self.steps]}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> PrecisionTrace:
-        return cls(list(data["enabled"]), list(data["disabled"]), list(data["optimizers"]),
-                   list(data["initial_nonfinite"]), [PrecisionStep.from_wire(step) for step in data["steps"]])
-
 
 # -- the run (in the child) -------------------------------------------------------------------------
 
@@ -152,7 +131,7 @@ def _raised_in_update(error: BaseException) -> bool:
     return False
 
 
-def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> PrecisionTrace:
     """Task: `steps` observed calls of `step()`; ends early after a call whose `scaler.step()` no
     `scaler.update()` followed (the next `scaler.step()` would raise)."""
     # The requests are recorded from before setup(), which may make the autocast context that step() enters; the
@@ -181,7 +160,7 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> dic
                                              call.error, watch.take()))
             if any(step.scale_after is None for step in record.scaler_steps):
                 break
-    return trace.to_wire()
+    return trace
 
 
 # -- the judgement (in the parent) ------------------------------------------------------------------
@@ -357,7 +336,7 @@ def check_mixed_precision(
     rules = AutocastRules.validate(declared_dtype(preflight.payload.recipe.recipe_class()), allow_float32,
                                    max_float32_share)
     config = {**preflight.config, "max_skipped_steps": max_skipped_steps, **rules.config()}
-    outcome = preflight.run(TASK, PrecisionTrace.from_wire)
+    outcome = preflight.run(TASK, PrecisionTrace)
     if outcome.error is not None:
         return MixedPrecisionResult.errored(outcome.error, config, outcome.exception)
     trace: PrecisionTrace = outcome.output

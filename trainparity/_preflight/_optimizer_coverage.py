@@ -80,11 +80,6 @@ class Layout:
     #: optimizer entry -> its parameters that are no parameter of the State
     foreign: dict[str, list[Foreign]]
 
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Layout:
-        return cls(int(data["step"]), [Parameter(**p) for p in data["parameters"]], dict(data["optimizers"]),
-                   {entry: [Foreign(**f) for f in found] for entry, found in data["foreign"].items()})
-
 
 @dataclasses.dataclass
 class CoverageTrace:
@@ -96,16 +91,6 @@ class CoverageTrace:
     without_grad: list[list[str] | None]
     #: the frozen parameters the optimizers held right after setup() (or once seen frozen), watched
     watch: WatchRecord
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"layouts": [dataclasses.asdict(layout) for layout in self.layouts], "without_grad": self.without_grad,
-                "watch": self.watch.to_wire()}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> CoverageTrace:
-        return cls([Layout.from_wire(layout) for layout in data["layouts"]],
-                   [None if names is None else list(names) for names in data["without_grad"]],
-                   WatchRecord.from_wire(data["watch"]))
 
 
 # -- the run (in the child) -------------------------------------------------------------------------
@@ -162,7 +147,7 @@ def _layout(state: State, step: int) -> Layout:
                   optimizers, foreign)
 
 
-def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> CoverageTrace:
     """Task: the layouts after setup() and after the steps, the parameters without a gradient per step, and the
     frozen parameters the optimizers hold, watched."""
     watch = FrozenWatch()
@@ -189,7 +174,7 @@ def optimizer_coverage_run(payload: PreflightPayload, workdir: pathlib.Path) -> 
                                  if name not in got and known[key][1].requires_grad] if got or not hooked else None)
         if payload.steps:
             layouts.append(_layout(state, payload.steps))
-    return CoverageTrace(layouts, without_grad, watch.record).to_wire()
+    return CoverageTrace(layouts, without_grad, watch.record)
 
 
 # -- the judgement (in the parent) ------------------------------------------------------------------
@@ -383,7 +368,7 @@ def check_optimizer_coverage(
     """
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=0, seed=seed, isolation=isolation,
                                   timeout=timeout)
-    outcome = preflight.run(TASK, CoverageTrace.from_wire)
+    outcome = preflight.run(TASK, CoverageTrace)
     if outcome.error is not None:
         return OptimizerCoverageResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: CoverageTrace = outcome.output

@@ -62,9 +62,9 @@ class Preflight:
         config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
         return cls(PreflightPayload(ref, steps, seed), config, chosen, Deadline.after(_session.timeout(timeout)))
 
-    def run(self, task: str, decode: Callable[[dict[str, Any]], T]) -> JobOutcome:
-        """Run `task` on the payload; the outcome's output is the decoded trace, or its error."""
-        job = Job(task, self.payload, "training", decode=decode, workdir=False)  # no preflight task writes files
+    def run(self, task: str, record: type) -> JobOutcome:
+        """Run `task` on the payload; the outcome's output is its trace (a `record`), or its error."""
+        job = Job(task, self.payload, "training", record=record, workdir=False)  # no preflight task writes files
         return run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
 
 

@@ -69,37 +69,27 @@ class TrainModeTrace:
     eval_after_setup: list[str]
     misuse: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"calls": [call.to_wire() for call in self.calls], "kinds": self.kinds,
-                "eval_after_setup": self.eval_after_setup, "misuse": self.misuse}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> TrainModeTrace:
-        return cls([ForwardRecord.from_wire(call) for call in data["calls"]],
-                   {name: list(kind) for name, kind in data["kinds"].items()}, list(data["eval_after_setup"]),
-                   data["misuse"])
-
 
 # -- the run (in the child) -------------------------------------------------------------------------
 
 
-def train_mode_run(payload: TrainModePayload, workdir: pathlib.Path) -> dict[str, Any]:
+def train_mode_run(payload: TrainModePayload, workdir: pathlib.Path) -> TrainModeTrace:
     """Task: `steps` observed calls of `step()`, their forward passes recorded."""
     with observed_recipe(payload, record_contributions=False, record_forwards=True) as (recipe, observer):
         recorder = observer.forwards
         assert recorder is not None
         if not module_prefixes(observer.state):
-            return TrainModeTrace([], {}, [], NO_MODULE).to_wire()
+            return TrainModeTrace([], {}, [], NO_MODULE)
         if payload.eval_modules is not None:
             misuse = unmatched_globs(payload.eval_modules, list(recorder.names.values()), "eval_modules",
                                      "module of the State")
             if misuse is not None:
-                return TrainModeTrace([], {}, [], misuse).to_wire()
+                return TrainModeTrace([], {}, [], misuse)
         calls = []
         for call in observed_calls(recipe, observer, payload.steps):
             assert call.record.forwards is not None
             calls.append(call.record.forwards)
-        return TrainModeTrace(calls, recorder.kinds, recorder.eval_after_setup).to_wire()
+        return TrainModeTrace(calls, recorder.kinds, recorder.eval_after_setup)
 
 
 # -- the judgement (in the parent) ------------------------------------------------------------------
@@ -262,7 +252,7 @@ def check_train_mode(
     payload = TrainModePayload(**vars(preflight.payload), eval_modules=globs)
     preflight = dataclasses.replace(preflight, payload=payload, config={
         **preflight.config, "eval_modules": None if globs is None else list(globs)})
-    outcome = preflight.run(TASK, TrainModeTrace.from_wire)
+    outcome = preflight.run(TASK, TrainModeTrace)
     if outcome.error is not None:
         return TrainModeResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainModeTrace = outcome.output

@@ -16,7 +16,6 @@ import itertools
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 
@@ -254,7 +253,7 @@ def _training_step(call: Call, events: dict[str, list[StepEvent]], measured: dic
     return TrainingStep(call.number, record.loss, updates, nonfinite_params)
 
 
-def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> dict[str, Any]:
+def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> TrainingTrace:
     """Task: `steps` observed calls of `step()`, each recorded as numbers."""
     probe = UpdateProbe()
     with observed_recipe(payload, record_contributions=False, before_step=probe.before_step,
@@ -266,12 +265,12 @@ def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> dict[str, A
                               scaler, probe.nonfinite_parameters(), [])
         trace.misuse = unknown_schedule_entries(payload.scheduled, list(observer.optimizers))
         if trace.misuse is not None:
-            return trace.to_wire()
+            return trace
         for call in observed_calls(recipe, observer, payload.steps, repeat_first=payload.overfit):
             measured, probe.measured = probe.measured, {}
             trace.steps.append(_training_step(call, observer.take_step_events(), measured,
                                               probe.take_nonfinite(last=call.number == payload.steps)))
-    return trace.to_wire()
+    return trace
 
 
 @_session.recorded
@@ -319,7 +318,7 @@ def check_training(
     scheduled = tuple(verdicts.lr_schedule) if isinstance(verdicts.lr_schedule, dict) else ()
     payload = TrainingPayload(**vars(preflight.payload), overfit=verdicts.overfit, scheduled=scheduled)
     preflight = dataclasses.replace(preflight, payload=payload, config={**preflight.config, **verdicts.config()})
-    outcome = preflight.run(TASK, TrainingTrace.from_wire)
+    outcome = preflight.run(TASK, TrainingTrace)
     if outcome.error is not None:
         return TrainingResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainingTrace = outcome.output

@@ -15,7 +15,6 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from trainparity._preflight._run import finite_number, once_per_path, steps_text
 from trainparity._preflight._training_verdicts import (
@@ -50,15 +49,6 @@ class TrainingTrace:
     #: the misuse found once setup() built the State (an `lr_schedule` key that names no optimizer of it): the run
     #: stopped there, without a step
     misuse: str | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"optimizers": self.optimizers, "scaler": self.scaler, "initial_nonfinite": self.initial_nonfinite,
-                "steps": [step.to_wire() for step in self.steps], "misuse": self.misuse}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> TrainingTrace:
-        return cls(dict(data["optimizers"]), data["scaler"], list(data["initial_nonfinite"]),
-                   [TrainingStep.from_wire(step) for step in data["steps"]], data["misuse"])
 
 
 def unknown_schedule_entries(scheduled: Sequence[str], optimizers: Sequence[str]) -> str | None:

@@ -14,7 +14,6 @@ into violations with one message per cause.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 from torch import nn
@@ -73,17 +72,6 @@ class WatchRecord:
     events: list[Change | Trainable] = dataclasses.field(default_factory=list)
     stepped: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     frozen: list[str] = dataclasses.field(default_factory=list)
-
-    def to_wire(self) -> dict[str, Any]:
-        events = [{"change": dataclasses.asdict(e)} if isinstance(e, Change) else {"trainable": dataclasses.asdict(e)}
-                  for e in self.events]
-        return {"events": events, "stepped": self.stepped, "frozen": self.frozen}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> WatchRecord:
-        events: list[Change | Trainable] = [Change(**e["change"]) if "change" in e else Trainable(**e["trainable"])
-                                            for e in data["events"]]
-        return cls(events, {path: list(steps) for path, steps in data["stepped"].items()}, list(data["frozen"]))
 
 
 #: a watched tensor's values: its dense values (a nested tensor's components), or a note where it has none

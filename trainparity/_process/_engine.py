@@ -15,7 +15,7 @@ a call, and every call of one check, shares the check's `Deadline` (its whole `t
 server's start included), so a check past its timeout returns within about a second and a half of it;
 a run in this process is interrupted at the deadline (`_alarm`). Children write their output in
 the `_wire` format (JSON and raw bytes: reading it cannot run code); output that cannot be
-read or decoded is an error of kind "corrupt", and a hang or a crash comes with faulthandler's
+read back as the job's record is an error of kind "corrupt", and a hang or a crash comes with faulthandler's
 stacks.
 """
 
@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from trainparity._process import _wire as wire
@@ -54,6 +54,7 @@ from trainparity._process._launchers import SERVER, SERVER_LOCK, ForkServer, Spa
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
 from trainparity._process._session import refuse_processes_while_importing
+from trainparity._records import read
 from trainparity._results._violation import ChildError
 
 #: seconds to wait for killed children to be confirmed gone before returning regardless
@@ -62,7 +63,7 @@ KILL_CONFIRM_TIMEOUT = 1.5
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One task to run: `task(payload, workdir) -> dict` in a fresh process."""
+    """One task to run: `task(payload, workdir) -> record` in a fresh process."""
 
     task: str
     payload: Any
@@ -71,8 +72,9 @@ class Job:
     rank: int | None = None
     #: index (in the same run_jobs call) of a job that must succeed before this one starts
     after: int | None = None
-    #: turns the task's output into the check's typed record; what it raises makes the output "corrupt"
-    decode: Callable[[dict[str, Any]], Any] | None = None
+    #: the record type (a dataclass) the task returns: read back from the child's output by its annotations
+    #: (`trainparity._records.read`); output that is not one is "corrupt"
+    record: type | None = None
     #: a program to run instead of the task (isolation "spawn" only), with these environment
     #: variables added; it writes its output files to the directory `JOB_DIRECTORY` names
     command: tuple[str, ...] | None = None
@@ -86,7 +88,7 @@ class Job:
 @dataclasses.dataclass
 class JobOutcome:
     phase: str
-    #: the task's output, decoded by `Job.decode` where the job has one
+    #: the task's output: a `Job.record` where the job names one
     output: Any
     error: ChildError | None = None
     #: the live exception, only for isolation="inprocess"
@@ -202,14 +204,18 @@ def _run_inprocess(job: Job, deadline: Deadline) -> JobOutcome:
     if deadline.remaining() <= 0 and not can_interrupt():  # nothing interrupted it: its time was up all the same
         return JobOutcome(job.phase, None, _timeout(job, deadline, "it ran in this process off the main thread, "
                           "where it cannot be interrupted, and returned late"), failed_at=deadline.at)
-    return _decoded(job, output)
+    if job.record is not None and not isinstance(output, job.record):
+        wrong = TypeError(f"the task returned a {type(output).__name__}, not a {job.record.__name__}")
+        return JobOutcome(job.phase, None, _corrupt(job, wrong))
+    return JobOutcome(job.phase, output)
 
 
-def _decoded(job: Job, output: dict[str, Any]) -> JobOutcome:
-    if job.decode is None:
+def _read(job: Job, output: Any) -> JobOutcome:
+    """The output a child wrote, read back as the job's record."""
+    if job.record is None:
         return JobOutcome(job.phase, output)
     try:
-        return JobOutcome(job.phase, job.decode(output))
+        return JobOutcome(job.phase, read(job.record, output, "output"))
     except (Exception, RecursionError) as error:  # noqa: BLE001 - malformed output is the child's fault
         return JobOutcome(job.phase, None, _corrupt(job, error))
 
@@ -246,7 +252,7 @@ def user_stacks(workdir: pathlib.Path) -> str | None:
 def _read_outcome(job: Job, workdir: pathlib.Path, exitcode: int, signal_number: int) -> JobOutcome:
     try:
         if (workdir / RESULT_FILE).exists() and exitcode == 0:
-            return _decoded(job, wire.load(workdir / RESULT_FILE))
+            return _read(job, wire.load(workdir / RESULT_FILE))
         if (workdir / ERROR_FILE).exists() and exitcode == RAISED_EXIT:
             record = wire.load(workdir / ERROR_FILE)
             return JobOutcome(job.phase, None, ChildError.raised(record, job.phase, job.rank),

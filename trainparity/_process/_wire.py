@@ -7,9 +7,10 @@ check reads one trace per process it starts.
 Layout: an 8-byte little-endian header length, the JSON header, then the bytes of every tensor
 and array, each starting at a multiple of 64 bytes from the file's start.
 
-Supported values: None, bool, int, float, str, lists and tuples
-(read back as lists), dicts (any int/str keys), CPU tensors, numpy arrays of plain dtypes and
-numpy scalars (read back as Python scalars).
+Supported values: None, bool, int, float, str, lists, tuples and frozensets
+(read back as lists), dicts (any int/str keys), CPU tensors, numpy arrays of plain dtypes,
+numpy scalars (read back as Python scalars) and dataclasses (read back as the dicts of their
+fields, which `trainparity._records.read` turns into the record again).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from trainparity._records import fields_of, is_record
 
 _TENSOR = "\x00tensor"
 _ARRAY = "\x00ndarray"
@@ -49,7 +52,7 @@ def dump(value: Any, path: str | pathlib.Path) -> None:
             return item.item()
         elif item is None or isinstance(item, (bool, int, float, str)):
             return item
-        elif isinstance(item, (list, tuple)):
+        elif isinstance(item, (list, tuple, frozenset)):
             return [encode(v) for v in item]
         elif isinstance(item, dict):
             if all(isinstance(k, str) for k in item):
@@ -57,6 +60,8 @@ def dump(value: Any, path: str | pathlib.Path) -> None:
             if not all(isinstance(k, (str, int)) for k in item):
                 raise TypeError(f"dict keys must be str or int to be sent between processes, got {list(item)[:3]}")
             return {_DICT: [[k, encode(v)] for k, v in item.items()]}
+        elif is_record(item):
+            return {k: encode(v) for k, v in fields_of(item).items()}
         else:
             raise TypeError(f"{type(item).__name__} cannot be sent between processes")
         chunks.append(data)

@@ -15,6 +15,7 @@ import sys
 from collections import Counter
 from typing import Any, ClassVar, Protocol
 
+from trainparity._records import read
 from trainparity._results._violation import (
     ChildError,
     JsonValue,
@@ -22,7 +23,6 @@ from trainparity._results._violation import (
     Violation,
     format_number,
     json_safe,
-    read_record,
 )
 from trainparity._version import __version__
 
@@ -274,7 +274,7 @@ def read_json(text: str | bytes) -> Document:
     if not all(isinstance(note, str) for note in notes):
         raise _malformed(f"'notes' must be a list of strings, got {notes!r}")
     error: dict[str, JsonValue] | None = _field(document, "error", (dict, type(None)), "an object or null")
-    violations = [read_record(Violation, v, f"violations[{i}]")
+    violations = [read(Violation, v, f"violations[{i}]")
                   for i, v in enumerate(_field(document, "violations", (list,), "a list"))]
     # counts and first_violation repeat what the violations say: where they disagree, the JSON is not ours
     derived = {"counts": kind_counts(violations), "first_violation": violations[0].to_dict() if violations else None}
@@ -291,7 +291,7 @@ def read_json(text: str | bytes) -> Document:
         notes=[str(note) for note in notes],
         config=_field(document, "config", (dict,), "an object"),
         reason=_field(document, "reason", (str, type(None)), "a string or null"),
-        error=None if error is None else read_record(ChildError, error, "'error'"),
+        error=None if error is None else read(ChildError, error, "'error'"),
         recorded=Recorded(_field(document, "trainparity_version", (str,), "a string"), environment),
         extra={k: v for k, v in document.items() if k not in (*COMMON_FIELDS, "schema_version", "environment")},
     )

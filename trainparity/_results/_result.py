@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, NoReturn, Self, cast
 
+from trainparity._records import RecordError, read
 from trainparity._results._report import (
     Document,
     Recorded,
@@ -15,7 +16,7 @@ from trainparity._results._report import (
     render_text,
 )
 from trainparity._results._telemetry import TrainingStep, render_table
-from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation
+from trainparity._results._violation import ChildError, JsonValue, Outcome, Violation, json_safe
 
 #: check name -> its result type, for `Result.from_json` (filled as the types are defined)
 _TYPES: dict[str, type[Result]] = {}
@@ -222,11 +223,15 @@ class TrainingResult(Result):
         return render_table(self.telemetry)
 
     def _json_extra(self) -> dict[str, JsonValue]:
-        return {"telemetry": [step.to_json() for step in self.telemetry]}
+        return {"telemetry": [json_safe(step) for step in self.telemetry]}
 
     @classmethod
     def _read_extra(cls, extra: dict[str, JsonValue]) -> dict[str, Any]:
         steps = extra["telemetry"]
         if not isinstance(steps, list):
             raise ValueError(f"not a trainparity result's JSON: 'telemetry' must be a list, got {steps!r}")
-        return {"telemetry": [TrainingStep.from_json(step, f"telemetry[{i}]") for i, step in enumerate(steps)]}
+        try:
+            telemetry = [read(TrainingStep, step, f"telemetry[{i}]", json=True) for i, step in enumerate(steps)]
+        except RecordError as error:
+            raise ValueError(f"not a trainparity result's JSON: {error}") from error
+        return {"telemetry": telemetry}

@@ -1,13 +1,12 @@
 """What a training run recorded per call of `step()`, as `check_training` traces it and its result carries it:
-typed records with their wire and JSON forms, and the table `TrainingResult.table()` renders."""
+typed records (written and read by `trainparity._records`), and the table `TrainingResult.table()` renders."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from trainparity._results._report import ascii_text
-from trainparity._results._violation import JsonValue, format_number, format_scale, json_float, json_safe
+from trainparity._results._violation import format_number, format_scale
 
 
 @dataclasses.dataclass
@@ -53,35 +52,6 @@ class TrainingStep:
     loss: float | None
     updates: list[Update]
     nonfinite_params: list[str]
-
-    def to_wire(self) -> dict[str, Any]:
-        # by hand: dataclasses.asdict's deep copies cost a tenth of a small model's training step
-        return {"step": self.step, "loss": self.loss, "updates": [dict(vars(update)) for update in self.updates],
-                "nonfinite_params": self.nonfinite_params}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> TrainingStep:
-        return cls(int(data["step"]), data["loss"], [Update(**update) for update in data["updates"]],
-                   list(data["nonfinite_params"]))
-
-    def to_json(self) -> JsonValue:
-        """JSON-safe: infinities and NaN as strings."""
-        return json_safe(self.to_wire())
-
-    @classmethod
-    def from_json(cls, value: JsonValue, where: str = "telemetry step") -> TrainingStep:
-        """`to_json()`'s inverse: `from_wire`, with the strings `json_safe` wrote for infinities and NaN read back
-        as floats in the fields that hold floats; ValueError naming what is missing or unknown."""
-        step: Any = value
-        try:
-            updates = [{**update, **{name: json_float(update[name]) for name in ("scale", "grad_norm", "clip_norm")},
-                        "lr": [json_float(v) for v in update["lr"]],
-                        "update_ratio": [json_float(v) for v in update["update_ratio"]]}
-                       for update in step["updates"]]
-            return cls.from_wire({**step, "loss": json_float(step["loss"]), "updates": updates})
-        except (KeyError, TypeError, ValueError) as error:  # a field missing, unknown (Update(**...)), or mistyped
-            problem = f"lacks {error}" if isinstance(error, KeyError) else str(error)
-            raise ValueError(f"not a trainparity result's JSON: {where} {problem}") from error
 
 
 #: significant digits of the table's numbers and the training check's messages: stable across CPUs at float32

@@ -10,7 +10,9 @@ import dataclasses
 import enum
 import math
 from collections.abc import Mapping
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
+
+from trainparity._records import fields_of, is_record, read
 
 JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
 
@@ -57,7 +59,7 @@ class Violation:
     @classmethod
     def from_dict(cls, data: Mapping[str, JsonValue]) -> Violation:
         """The inverse of `to_dict()`: a violation as a result's JSON holds it (ValueError for what is not one)."""
-        return read_record(cls, data, "violation")
+        return read(cls, dict(data) if isinstance(data, Mapping) else data, "violation")
 
 
 def json_safe(value: Any) -> JsonValue:
@@ -70,6 +72,8 @@ def json_safe(value: Any) -> JsonValue:
         return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
+    if is_record(value):
+        return json_safe(fields_of(value))
     item = getattr(value, "item", None)
     if callable(item) and getattr(value, "ndim", 1) == 0:
         return json_safe(item())
@@ -77,40 +81,6 @@ def json_safe(value: Any) -> JsonValue:
     if callable(tolist):
         return json_safe(tolist())
     return repr(value)
-
-
-def json_float(value: JsonValue) -> JsonValue:
-    """`json_safe`'s inverse for a float: the strings it writes for infinities and NaN are floats again."""
-    return float(value) if isinstance(value, str) and value in ("inf", "-inf", "nan") else value
-
-
-#: the JSON types a record's field may hold, by its annotation (fields holding any JSON value are not listed)
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "str | None": (str, type(None)), "int | None": (int, type(None)),
-    "int | str | None": (int, str, type(None)),
-}
-_Record = TypeVar("_Record", "Violation", "ChildError")
-
-
-def read_record(cls: type[_Record], data: object, where: str) -> _Record:
-    """A `Violation` or `ChildError` from its `to_dict()`, refusing with a ValueError (that names it by `where`) what
-    it could not have written: a field missing (those with a default may be left out) or unknown, or mistyped."""
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    fields = dataclasses.fields(cls)
-    missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING]
-    unknown = sorted(set(data) - {f.name for f in fields})
-    if missing or unknown:
-        problems = ([f"lacks {', '.join(map(repr, missing))}"] if missing else []) + (
-            [f"has unknown fields {', '.join(map(repr, unknown))}"] if unknown else [])
-        raise ValueError(f"{where} ({cls.__name__}) {' and '.join(problems)}")
-    for f in fields:
-        allowed = _FIELD_TYPES.get(str(f.type))
-        value = data.get(f.name)
-        # bool is an int to isinstance, and never one of these fields' values
-        if allowed is not None and f.name in data and (not isinstance(value, allowed) or isinstance(value, bool)):
-            raise ValueError(f"{where} ({cls.__name__}): {f.name} must be {f.type}, got {value!r}")
-    return cls(**data)
 
 
 def format_number(value: bool | int | float | None, digits: int = 6, *, missing: str = "None") -> str:
@@ -166,7 +136,7 @@ class ChildError:
     @classmethod
     def from_dict(cls, data: Mapping[str, JsonValue]) -> ChildError:
         """The inverse of `to_dict()`: the error as a result's JSON holds it (ValueError for what is not one)."""
-        return read_record(cls, data, "error")
+        return read(cls, dict(data) if isinstance(data, Mapping) else data, "error")
 
     def headline(self) -> str:
         if self.kind == "raised":

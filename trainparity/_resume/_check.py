@@ -224,13 +224,13 @@ class _Runs:
             starts.append(len(jobs))
             sizes.append(size)
             if size == 0:
-                jobs.append(Job(TASK, run.payload, run.phase, after=waits, decode=RunTrace.from_wire))
+                jobs.append(Job(TASK, run.payload, run.phase, after=waits, record=RunTrace))
                 continue
             # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
             self.started += 1
             store = f"{self.scratch}/store.{self.started}"
             jobs += [Job(TASK, dataclasses.replace(run.payload, world=World(self.backend, rank, size, store)),
-                         run.phase, rank=rank, after=waits, decode=RunTrace.from_wire)
+                         run.phase, rank=rank, after=waits, record=RunTrace)
                      for rank in range(size)]
         ranked = self.worlds != (0, 0)
         # The ranks of a world block in collectives when one of them fails: every job is ended at once.

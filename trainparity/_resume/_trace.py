@@ -1,8 +1,8 @@
 """Traces: what one run of a recipe observed, step by step.
 
-A trace is built in the child (`record_training`) and travels to the parent as a plain
-dict of tensors and scalars: per step, the RNG streams at the start of the step, the
-batch's sample IDs, the loss, and a snapshot of the State after the step.
+A trace is built in the child (`train_run`) and travels to the parent as a typed record (`RunTrace`, written
+and read back by `trainparity._records`): per step, the RNG streams at the start of the step, the batch's
+sample IDs, the loss, and a snapshot of the State after the step.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
 
@@ -22,7 +21,7 @@ from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, c
 from trainparity._state._entries import State, module_modes, unobserved_entries
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import Digesting, snapshot_from_wire, snapshot_rng, snapshot_state, snapshot_to_wire
+from trainparity._state._snapshot import Digesting, snapshot_rng, snapshot_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,35 +37,6 @@ class StepRecord:
     #: the modes of the State's modules after the step (`module_modes`; a script's: none)
     modes: dict[str, str] = dataclasses.field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        # Shallow on purpose: dataclasses.asdict would deep-copy every tensor.
-        return {"step": self.step, "rng": snapshot_to_wire(self.rng), "sample_ids": self.sample_ids,
-                "loss": self.loss, "state": snapshot_to_wire(self.state),
-                "start": None if self.start is None else snapshot_to_wire(self.start), "modes": self.modes}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StepRecord:
-        ids, loss, start = data["sample_ids"], data["loss"], data["start"]
-        return cls(
-            step=_typed(data["step"], int, "step"),
-            rng=snapshot_from_wire(data["rng"]),
-            sample_ids=None if ids is None else _typed(ids, list, "sample_ids"),
-            loss=None if loss is None else float(_typed(loss, (int, float), "loss")),
-            state=snapshot_from_wire(data["state"]),
-            start=None if start is None else snapshot_from_wire(start),
-            modes=_modes(data["modes"]),
-        )
-
-
-def _modes(value: Any) -> dict[str, str]:
-    return {str(path): str(mode) for path, mode in _typed(value, dict, "modes").items()}
-
-
-def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise TypeError(f"{what} is a {type(value).__name__}")
-    return value
-
 
 @dataclasses.dataclass(frozen=True)
 class Boundary:
@@ -80,9 +50,6 @@ class Boundary:
     @classmethod
     def capture(cls, state: State, digesting: Digesting | None) -> Boundary:
         return cls(snapshot_state(state, digesting), snapshot_rng(), module_modes(state))
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"state": snapshot_to_wire(self.state), "rng": snapshot_to_wire(self.rng), "modes": self.modes}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,30 +65,6 @@ class RunTrace:
     rank_local: list[str] = dataclasses.field(default_factory=list)
     #: a script's: per State entry (or `data.sample_ids`), which of its framework's checkpoint holders saves it
     holders: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "steps": [record.to_dict() for record in self.steps],
-            "loaded": None if self.loaded is None else self.loaded.to_wire(),
-            "saved": None if self.saved is None else self.saved.to_wire(),
-            "unobserved": self.unobserved,
-            "rank_local": self.rank_local,
-            "holders": self.holders,
-        }
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> RunTrace:
-        def boundary(value: Any) -> Boundary | None:
-            if value is None:
-                return None
-            return Boundary(snapshot_from_wire(value["state"]), snapshot_from_wire(value["rng"]),
-                            _modes(value["modes"]))
-
-        return cls([StepRecord.from_dict(step) for step in _typed(data["steps"], list, "steps")],
-                   boundary(data["loaded"]), boundary(data["saved"]),
-                   [str(entry) for entry in _typed(data["unobserved"], list, "unobserved")],
-                   [str(entry) for entry in _typed(data["rank_local"], list, "rank_local")],
-                   {str(key): str(value) for key, value in _typed(data["holders"], dict, "holders").items()})
 
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,
@@ -174,8 +117,8 @@ class TrainPayload:
         return Digesting.at(self.whole, step, every_step=True)
 
 
-def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
-    """Child task: train and trace (`RunTrace` on the wire)."""
+def train_run(payload: TrainPayload, workdir: pathlib.Path) -> RunTrace:
+    """Child task: train and trace."""
     if payload.world is not None:
         join(payload.world)
     recipe = payload.recipe.build()
@@ -199,7 +142,7 @@ def train_run(payload: TrainPayload, workdir: pathlib.Path) -> dict[str, Any]:
     if payload.world is not None:
         leave(recipe, state)
         rank_local = [name for name in state if isinstance(state[name], (DataLoader, Sampler))]
-    return RunTrace(steps, loaded, saved, unobserved_entries(state), rank_local).to_wire()
+    return RunTrace(steps, loaded, saved, unobserved_entries(state), rank_local)
 
 
 @dataclasses.dataclass(frozen=True)

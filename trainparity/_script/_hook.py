@@ -237,7 +237,7 @@ class Recorder:
         state = self.state()
         trace = RunTrace(self.records, self.loaded, self.saved, [],
                          holders=self.frameworks.holders({name: state[name] for name in state}))
-        wire.dump(trace.to_wire(), self.workdir / RESULT_FILE)
+        wire.dump(trace, self.workdir / RESULT_FILE)
 
     def finish(self) -> None:
         """Write the trace and end the process: a real exit, as a job killed after its checkpoint."""

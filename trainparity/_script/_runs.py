@@ -62,7 +62,7 @@ class ScriptRuns:
         words = tuple(part.replace(WORKDIR, str(self.root / chain)) for part in parts)
         path = os.pathsep.join([str(SITE), str(PACKAGE_ROOT), *(p for p in sys.path if p)])
         variables = {**self.env, ENVIRONMENT: run.to_json(), "PYTHONPATH": path}
-        return Job("", None, phase, decode=RunTrace.from_wire, command=words,
+        return Job("", None, phase, record=RunTrace, command=words,
                    env=tuple(variables.items()), cwd=self.cwd)
 
     def run(self, jobs: Sequence[Job]) -> list[JobOutcome]:

@@ -43,17 +43,6 @@ class Digest:
     shape: tuple[int, ...]
     hash: str
 
-    def to_wire(self) -> dict[str, Any]:
-        return {"digest": self.hash, "dtype": self.dtype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Digest:
-        return cls(str(data["dtype"]), tuple(int(n) for n in data["shape"]), str(data["digest"]))
-
-
-def is_wire_digest(value: object) -> bool:
-    return isinstance(value, dict) and set(value) == {"digest", "dtype", "shape"}
-
 
 def _hash_chunk(chunk: np.ndarray[Any, np.dtype[np.uint8]]) -> bytes:
     return hashlib.blake2b(chunk.data, digest_size=16).digest()

@@ -25,7 +25,7 @@ from trainparity._state._containers import (
     is_namedtuple,
     set_items,
 )
-from trainparity._state._digest import DIGEST_ABOVE_BYTES, Digest, digest, is_wire_digest
+from trainparity._state._digest import DIGEST_ABOVE_BYTES, digest
 from trainparity._state._entries import State, entry_components, is_leaf, parameter_names
 from trainparity._state._rng import capture_rng, stream_digest, stream_kind
 from trainparity._state._tensors import copied_to_cpu, leaf, readable
@@ -82,17 +82,6 @@ class Sharing:
                 tensors_agree(known, tensor, self.comparison)):
             return known
         return None
-
-
-def snapshot_to_wire(snapshot: Snapshot) -> dict[str, Any]:
-    """A snapshot in the wire format: digests as their records."""
-    return {path: leaf.to_wire() if isinstance(leaf, Digest) else leaf for path, leaf in snapshot.items()}
-
-
-def snapshot_from_wire(value: Any) -> Snapshot:
-    if not isinstance(value, dict):
-        raise TypeError(f"snapshot is a {type(value).__name__}")
-    return {str(path): Digest.from_wire(leaf) if is_wire_digest(leaf) else leaf for path, leaf in value.items()}
 
 
 def state_entry(path: str) -> str:
