@@ -64,7 +64,8 @@ def test_a_world_size_change_sets_rank_local_state_and_unmatched_rng_aside() -> 
 @pytest.mark.parametrize(("arguments", "error", "words"), [
     ({"world_size": 0}, ValueError, "world_size= must be an int >= 1"),
     ({"world_size": True}, ValueError, "world_size= must be an int >= 1"),
-    ({"world_size": 2, "resume_world_size": 0}, ValueError, "resume_world_size= must be an int >= 1"),
+    ({"world_size": 2, "resume_world_size": 0}, ValueError,
+     r"resume_world_size= must be None \(the same as world_size\) or an int >= 1, got 0"),
     ({"world_size": 2, "backend": 3}, TypeError, "backend= must be a string"),
     ({"world_size": 2, "backend": "mpi-nonexistent"}, ValueError, "is not available"),
     ({"world_size": 2, "isolation": "inprocess"}, ValueError, "cannot run a world of ranks"),

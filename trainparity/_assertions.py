@@ -55,7 +55,7 @@ from trainparity._results._violation import ChildError, Outcome
 from trainparity._resume import check_resume
 from trainparity._script import Command, check_resume_script, check_runs_equivalent
 from trainparity._state._compare import Comparison
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument, check_choice
 from trainparity._workers import check_worker_randomness
 
 # Failures point at the user's line, not ours: unittest skips frames of modules that set this,
@@ -123,10 +123,9 @@ HOST: contextvars.ContextVar[Host | None] = contextvars.ContextVar("trainparity_
 
 
 def validate_options(msg: object, abstain: object) -> None:
-    if abstain not in ABSTAIN_MODES:
-        raise InvalidArgument(f"abstain= must be 'fail' or 'skip', got {abstain!r}")
-    if not (msg is None or isinstance(msg, str) or callable(msg)):
-        raise InvalidArgument(f"msg= must be a string or a callable taking the report, got {type(msg).__name__}")
+    check_choice("abstain", abstain, ABSTAIN_MODES)
+    check_argument(msg is None or isinstance(msg, str) or callable(msg),
+                   f"msg= must be a string or a callable taking the report, got {type(msg).__name__}")
 
 
 def _message(result: Result, msg: Message, host: Host) -> str:
@@ -142,8 +141,7 @@ def assert_passed(result: R, *, msg: Message = None, abstain: Abstain = "fail") 
     """Assert on a result you already have: the rule every assertion applies to its check's result."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
-    if not isinstance(result, Result):
-        raise InvalidArgument(f"expected a trainparity result, got {type(result).__name__}")
+    check_argument(isinstance(result, Result), f"expected a trainparity result, got {type(result).__name__}")
     if result.outcome is Outcome.PASS:
         return result
     if result.outcome is Outcome.ERROR:

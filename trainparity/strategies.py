@@ -34,7 +34,7 @@ from trainparity._coverage import (
     tag_workers,
 )
 from trainparity._recipe._recipe import set_sampler_epoch
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument
 
 __all__ = [
     "ORDER_MIN_SAMPLES",
@@ -72,8 +72,8 @@ class SamplerConfig:
     nodes: int = 1
 
     def __post_init__(self) -> None:
-        if self.nodes < 1 or self.world_size % self.nodes:
-            raise InvalidArgument(f"SamplerConfig(nodes={self.nodes}) must divide world_size={self.world_size}")
+        check_argument(self.nodes >= 1 and self.world_size % self.nodes == 0,
+                       f"SamplerConfig(nodes={self.nodes}) must divide world_size={self.world_size}")
 
     @property
     def ranks_per_node(self) -> int:
@@ -130,15 +130,12 @@ def sampler_configs(
     Shrinks towards the smallest dataset, one rank, batch size 1, drop_last=False, no
     shuffle, seed 0, the fewest epochs, no workers and one node.
     """
-    if not 0 <= min_dataset_size <= max_dataset_size:
-        raise InvalidArgument(f"sampler_configs() needs 0 <= min_dataset_size <= max_dataset_size, got "
-                              f"{min_dataset_size} and {max_dataset_size}")
-    if not 1 <= min_epochs <= max_epochs:
-        raise InvalidArgument(f"sampler_configs() needs 1 <= min_epochs <= max_epochs, got {min_epochs} and "
-                              f"{max_epochs}")
-    if max_world_size < 1 or max_workers < 0:
-        raise InvalidArgument(f"sampler_configs() needs max_world_size >= 1 and max_workers >= 0, got {max_world_size} "
-                              f"and {max_workers}")
+    check_argument(0 <= min_dataset_size <= max_dataset_size, f"sampler_configs() needs 0 <= min_dataset_size <= "
+                   f"max_dataset_size, got {min_dataset_size} and {max_dataset_size}")
+    check_argument(1 <= min_epochs <= max_epochs,
+                   f"sampler_configs() needs 1 <= min_epochs <= max_epochs, got {min_epochs} and {max_epochs}")
+    check_argument(max_world_size >= 1 and max_workers >= 0, f"sampler_configs() needs max_world_size >= 1 and "
+                   f"max_workers >= 0, got {max_world_size} and {max_workers}")
     dataset_size = draw(st.integers(min_dataset_size, max_dataset_size), label="dataset_size")
     world_size = draw(st.integers(1, max_world_size), label="world_size")
     return SamplerConfig(

@@ -35,7 +35,7 @@ from trainparity._recipe._reference import RecipeRef, RecipeSpec
 from trainparity._results._result import AccumulationResult
 from trainparity._results._violation import json_safe
 from trainparity._state._compare import Comparison
-from trainparity._validation import InvalidArgument, check_int
+from trainparity._validation import InvalidArgument, check_argument, check_bool, check_callable, check_choice, check_int
 
 __all__ = ["check_accumulation"]
 
@@ -70,17 +70,13 @@ def _split_reference(split: object) -> str | None:
 
 
 def _validate(split: object, isolation: str, disable_dropout: object, batch_dependent: object) -> None:
-    if split is not None and not callable(split):
-        raise InvalidArgument(f"split= must be a function split(batch, microbatches) -> micro-batches, got {split!r}")
-    if split is not None and isolation != "inprocess" and _split_reference(split) is None:
-        raise InvalidArgument(
-            f"split= must be a function defined at module level in an importable module to reach a "
-            f"fresh process (isolation={isolation!r}), got {split!r}"
-        )
-    if not isinstance(disable_dropout, bool):
-        raise InvalidArgument(f"disable_dropout= must be True or False, got {disable_dropout!r}")
-    if batch_dependent not in BATCH_DEPENDENT_MODES:
-        raise InvalidArgument(f"batch_dependent= must be 'fail' or 'eval', got {batch_dependent!r}")
+    if split is not None:
+        check_callable("split", split, "a function split(batch, microbatches) -> micro-batches")
+        check_argument(isolation == "inprocess" or _split_reference(split) is not None, f"split= must be a function "
+                       f"defined at module level in an importable module to reach a fresh process "
+                       f"(isolation={isolation!r}), got {split!r}")
+    check_bool("disable_dropout", disable_dropout)
+    check_choice("batch_dependent", batch_dependent, BATCH_DEPENDENT_MODES)
 
 
 @_session.recorded

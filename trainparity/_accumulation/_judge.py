@@ -39,7 +39,7 @@ from trainparity._state._compare import (
     compare_leaves,
     compare_snapshots,
 )
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_misuse
 
 #: causes that explain the gradients (or the losses) of a window: at one step only one of them is claimed
 NUMERIC_CAUSES = frozenset({"loss_not_scaled", "loss_scaled_twice", "mean_of_means", "grads_not_reset",
@@ -83,8 +83,7 @@ def judge_accumulation(
     if different is not None:
         return different
     for trace in (reference, candidate):
-        if trace.input_error is not None:
-            raise InvalidArgument(trace.input_error)
+        check_misuse(trace.input_error)
     notes = [_dropout_note(reference, config)]
     batch_dependent = sorted(set(reference.batch_dependent) | set(candidate.batch_dependent))
     if not reference.optimizers and not any(w.parameters for w in reference.windows):

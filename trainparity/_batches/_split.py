@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument
 
 Microbatches = int | Sequence[int]
 _SCALARS = (bool, int, float, complex, str, bytes)
@@ -183,11 +183,8 @@ def validate_microbatches(microbatches: object) -> Microbatches:
     if isinstance(microbatches, bool):
         raise InvalidArgument("microbatches= must be an int or a sequence of micro-batch sizes, got a bool")
     if isinstance(microbatches, int):
-        if microbatches < 2:
-            raise InvalidArgument(
-                f"microbatches= must be at least 2, got {microbatches}: with one micro-batch the candidate "
-                "is the reference itself"
-            )
+        check_argument(microbatches >= 2, f"microbatches= must be at least 2, got {microbatches}: with one "
+                       "micro-batch the candidate is the reference itself")
         return microbatches
     if isinstance(microbatches, (str, bytes)) or not isinstance(microbatches, Sequence):
         raise InvalidArgument(
@@ -195,11 +192,9 @@ def validate_microbatches(microbatches: object) -> Microbatches:
             f"got {type(microbatches).__name__}"
         )
     sizes = tuple(microbatches)
-    if len(sizes) < 2:
-        raise InvalidArgument(f"microbatches= must declare at least 2 micro-batch sizes, got {sizes}")
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise InvalidArgument(f"micro-batch sizes must be ints >= 1, got {sizes}")
+    check_argument(len(sizes) >= 2, f"microbatches= must declare at least 2 micro-batch sizes, got {sizes}")
+    check_argument(all(isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes),
+                   f"micro-batch sizes must be ints >= 1, got {sizes}")
     return sizes
 
 

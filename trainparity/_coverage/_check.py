@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from trainparity._process._alarm import interrupted_at
 from trainparity._process._options import Deadline
 from trainparity._results._result import CoverageResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument, check_callable, check_int, check_optional_int
 
 #: how many violations are listed when max_violations=None (a universe of 10**12 IDs may miss them all)
 DEFAULT_MAX_VIOLATIONS = 1_000_000
@@ -87,13 +87,11 @@ def check_coverage(
     """
     deadline = None if timeout is None else Deadline.after(timeout)
     policies = resolve_policies(policy)
-    if sample_ids is not None and not callable(sample_ids):
-        raise InvalidArgument(f"sample_ids= must be a function batch -> IDs, got {type(sample_ids).__name__}")
-    if max_violations is not None and (isinstance(max_violations, bool) or not isinstance(max_violations, int)
-                                       or max_violations < 1):
-        raise InvalidArgument(f"max_violations= must be an int >= 1 or None, got {max_violations!r}")
-    if isinstance(ranks, CoverageRecorder) and sample_ids is not None:
-        raise InvalidArgument("a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
+    if sample_ids is not None:
+        check_callable("sample_ids", sample_ids, "a function batch -> IDs")
+    max_violations = check_optional_int("max_violations", max_violations, 1, "the first 10**6 listed")
+    check_argument(not (isinstance(ranks, CoverageRecorder) and sample_ids is not None),
+                   "a CoverageRecorder already holds IDs: pass sample_ids= to CoverageRecorder(...) instead")
     windows = _windows(ranks)
     epochs = list(dict.fromkeys(label for label, _ in windows))
     config: dict[str, Any] = {
@@ -144,50 +142,43 @@ def _windows(ranks: object) -> list[Window]:
         return list(ranks.windows())
     if isinstance(ranks, Mapping):
         windows: list[Window] = [(0, ranks)]
-    elif isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
-        raise InvalidArgument("ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one "
-                              "per epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a "
-                              f"tp.CoverageRecorder, got {type(ranks).__name__}")
     else:
-        items = list(ranks)
-        if not items:
-            raise InvalidArgument("ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
+        check_argument(not isinstance(ranks, (str, bytes)) and isinstance(ranks, Iterable),
+                       "ranks= must be a mapping {rank: iterable of batches}, a sequence of such mappings (one per "
+                       "epoch), a sequence of (epoch, {rank: iterable of batches}) windows or a tp.CoverageRecorder, "
+                       f"got {type(ranks).__name__}")
+        items = list(cast(Iterable[Any], ranks))
+        check_argument(items, "ranks= is an empty sequence: pass one mapping {rank: iterable of batches} per epoch")
         if any(_is_window(item) for item in items):
+            first = [_is_window(item) for item in items].index(True)
             windows = []
             for index, item in enumerate(items):
-                if not _is_window(item):
-                    raise InvalidArgument(f"ranks= item {index} is a {type(item).__name__}, but item "
-                                          f"{[_is_window(i) for i in items].index(True)} is an (epoch, {{rank: "
-                                          f"iterable}}) "
-                                          "window: pass only windows, or only mappings (one per epoch)")
+                check_argument(_is_window(item), f"ranks= item {index} is a {type(item).__name__}, but item {first} "
+                               "is an (epoch, {rank: iterable}) window: pass only windows, or only mappings (one per "
+                               "epoch)")
                 epoch, mapping = item
-                if isinstance(epoch, (bool, np.bool_)) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-                    raise InvalidArgument(f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) with "
-                                          f"an epoch int >= 0, got the epoch {epoch!r}")
-                windows.append((int(epoch), mapping))
+                windows.append((check_int(f"ranks= window {index}'s epoch", epoch, 0,
+                                          "the first item of (epoch, {rank: iterable of batches})"), mapping))
             done = set()
             for index, (epoch, _) in enumerate(windows):
-                if epoch in done and epoch != windows[index - 1][0]:
-                    raise InvalidArgument(f"ranks= window {index} is of epoch {epoch}, but the window before it is of "
-                                          f"epoch "
-                                          f"{windows[index - 1][0]}: list the windows of one epoch one after the other")
+                before = windows[index - 1][0]
+                check_argument(epoch not in done or epoch == before, f"ranks= window {index} is of epoch {epoch}, but "
+                               f"the window before it is of epoch {before}: list the windows of one epoch one after "
+                               "the other")
                 done.add(epoch)
         else:
             windows = list(enumerate(items))
     several = len(windows) != len({label for label, _ in windows})
     for index, (label, mapping) in enumerate(windows):
         where = f"window {index} (epoch {label})" if several else f"epoch {label}"
-        if not isinstance(mapping, Mapping):
-            raise InvalidArgument(f"ranks= {where} must be a mapping {{rank: iterable of batches}}, "
-                                  f"got {type(mapping).__name__}")
-        if not mapping:
-            raise InvalidArgument(f"ranks= {where} maps no rank: pass {{rank: iterable of batches}}")
+        check_argument(isinstance(mapping, Mapping), f"ranks= {where} must be a mapping {{rank: iterable of batches}}, "
+                       f"got {type(mapping).__name__}")
+        check_argument(mapping, f"ranks= {where} maps no rank: pass {{rank: iterable of batches}}")
         for rank, iterable in mapping.items():
-            if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)) or rank < 0:
-                raise InvalidArgument(f"ranks= keys must be ranks (ints >= 0), got {rank!r} in {where}")
-            if isinstance(iterable, (str, bytes)) or not isinstance(iterable, Iterable):
-                raise InvalidArgument(f"ranks[{rank}] ({where}) must be an iterable of batches (a DataLoader, "
-                                      f"sampler, batch sampler or list), got {type(iterable).__name__}")
+            check_int("ranks= keys", rank, 0, f"ranks, in {where}")
+            check_argument(not isinstance(iterable, (str, bytes)) and isinstance(iterable, Iterable),
+                           f"ranks[{rank}] ({where}) must be an iterable of batches (a DataLoader, sampler, batch "
+                           f"sampler or list), got {type(iterable).__name__}")
     return windows
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trainparity._coverage._universe import Universe, UniverseLike, describe_universe
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument, check_int, check_type
 
 
 class CoveragePolicy:
@@ -65,9 +65,7 @@ class ExpectedPadding(_UniversePolicy):
 
     def __init__(self, universe: UniverseLike, *, padding: int) -> None:
         super().__init__(universe)
-        if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-            raise InvalidArgument(f"ExpectedPadding(padding=...) must be an int >= 0, got {padding!r}")
-        self.padding = int(padding)
+        self.padding = check_int("ExpectedPadding(padding=...)", padding, 0)
 
     def describe(self) -> str:
         return f"ExpectedPadding({describe_universe(self.universe)}, padding={self.padding})"
@@ -107,19 +105,14 @@ def resolve_policies(policy: object) -> list[CoveragePolicy]:
     """Validate `policy=`: one policy or a non-empty list of them."""
     items = list(policy) if isinstance(policy, (list, tuple)) else [policy]
     policies: list[CoveragePolicy] = []
-    if not items:
-        raise InvalidArgument("policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
+    check_argument(items, "policy= is an empty list: pass at least one policy, e.g. tp.ExactlyOnce(range(n))")
     for item in items:
         if isinstance(item, type) and issubclass(item, CoveragePolicy):
             raise InvalidArgument(f"policy= got the class {item.__name__}; pass an instance, e.g. tp.{item.__name__}"
                                   f"({'' if not item.needs_universe else 'range(n)'})")
-        if not isinstance(item, CoveragePolicy):
-            raise InvalidArgument(
-                "policy= must be tp.ExactlyOnce(universe), tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), "
-                f"tp.ExpectedPadding(universe, padding=n), tp.DistinctEpochOrder() or a list of "
-                f"them, got {type(item).__name__}"
-            )
-        policies.append(item)
+        policies.append(check_type(item, CoveragePolicy, "policy= must be tp.ExactlyOnce(universe), "
+                                   "tp.AtLeastOnce(universe), tp.NoCrossRankOverlap(), tp.ExpectedPadding(universe, "
+                                   f"padding=n), tp.DistinctEpochOrder() or a list of them, got {type(item).__name__}"))
     return policies
 
 
@@ -130,8 +123,7 @@ def shared_universe(policies: Sequence[CoveragePolicy]) -> Universe | None:
         if not policy.needs_universe or policy.universe is None:
             continue
         universe = Universe.build(policy.universe)
-        if found is not None and not found.same_as(universe):
-            raise InvalidArgument(f"the policies declare different universes ({found.description} and "
-                                  f"{universe.description}); run one check per universe")
+        check_argument(found is None or found.same_as(universe), f"the policies declare different universes "
+                       f"({found and found.description} and {universe.description}); run one check per universe")
         found = found or universe
     return found

@@ -18,7 +18,7 @@ import torch
 import torch.utils.data
 
 from trainparity._batches._sample_ids import IdArray, batch_id_array
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument, check_callable, check_int
 
 
 class WorkerBatch(NamedTuple):
@@ -38,8 +38,8 @@ def tag_workers(collate_fn: Callable[[Any], Any] | None = None) -> Callable[[Any
     `collate_fn` defaults to `torch.utils.data.default_collate`. The result pickles, so it
     works with every worker start method.
     """
-    if collate_fn is not None and not callable(collate_fn):
-        raise InvalidArgument(f"tag_workers(collate_fn) takes a collate function, got {type(collate_fn).__name__}")
+    if collate_fn is not None:
+        check_callable("tag_workers(collate_fn)", collate_fn, "a collate function")
     return functools.partial(_collate_tagged, collate_fn or torch.utils.data.default_collate)
 
 
@@ -100,11 +100,10 @@ class CoverageRecorder:
         if rank is None:
             distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
             rank = torch.distributed.get_rank() if distributed else 0
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
-            raise InvalidArgument(f"CoverageRecorder(rank=...) must be an int >= 0, got {rank!r}")
-        if sample_ids is not None and not callable(sample_ids):
-            raise InvalidArgument(f"CoverageRecorder(sample_ids=...) must be callable, got {type(sample_ids).__name__}")
-        self._rank: int | None = int(rank)
+        rank = check_int("CoverageRecorder(rank=...)", rank, 0)
+        if sample_ids is not None:
+            check_callable("CoverageRecorder(sample_ids=...)", sample_ids, "callable")
+        self._rank: int | None = rank
         self._sample_ids = sample_ids
         self._epoch = 0
         self._streams: dict[int, dict[int, _Stream]] = {int(rank): {}}
@@ -128,9 +127,7 @@ class CoverageRecorder:
 
     def set_epoch(self, epoch: int) -> None:
         """Record the following batches as epoch `epoch` (call it where you call `sampler.set_epoch`)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise InvalidArgument(f"CoverageRecorder.set_epoch(epoch) takes an int >= 0, got {epoch!r}")
-        self._epoch = int(epoch)
+        self._epoch = check_int("CoverageRecorder.set_epoch(epoch)", epoch, 0)
 
     def record(self, batch: Any, *, worker: int | None = None) -> None:
         """Record one batch's IDs for the current epoch. A `WorkerBatch` gives its worker and is unwrapped."""
@@ -164,19 +161,16 @@ class CoverageRecorder:
         merged._rank, merged._epoch, merged._sample_ids, merged._streams = None, 0, None, {}
         seen: list[CoverageRecorder] = []
         for record in records:
-            if not isinstance(record, CoverageRecorder):
-                raise InvalidArgument(f"CoverageRecorder.merge() takes CoverageRecorder records, got "
-                                      f"{type(record).__name__}")
-            if any(record is earlier for earlier in seen):
-                raise InvalidArgument(f"CoverageRecorder.merge() got the same record twice ({record!r}); merge each "
-                                      "record once")
+            check_argument(isinstance(record, CoverageRecorder), f"CoverageRecorder.merge() takes CoverageRecorder "
+                           f"records, got {type(record).__name__}")
+            check_argument(all(record is not earlier for earlier in seen), f"CoverageRecorder.merge() got the same "
+                           f"record twice ({record!r}); merge each record once")
             seen.append(record)
             for rank, streams in record._streams.items():
                 into = merged._streams.setdefault(rank, {})
                 for epoch, stream in streams.items():
                     into[epoch] = into[epoch].joined(stream) if epoch in into else stream
-        if not merged._streams:
-            raise InvalidArgument("CoverageRecorder.merge() got no records")
+        check_argument(merged._streams, "CoverageRecorder.merge() got no records")
         return merged
 
     def gather(self, group: Any = None) -> CoverageRecorder:

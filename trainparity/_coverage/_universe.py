@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from trainparity._batches._sample_ids import IdArray, sample_id_array
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument
 
 UniverseLike = range | Iterable[int | str] | np.ndarray[Any, Any] | torch.Tensor | None
 #: a universe array whose values span at most this many slots per ID is encoded with a lookup table
@@ -59,10 +59,10 @@ class Universe:
         if isinstance(universe, range):
             size = _range_size(universe)
             ends = (universe[0], universe[-1]) if size else (0, 0)
-            if not _INT64.min <= min(ends) <= max(ends) <= _INT64.max:
-                raise InvalidArgument(f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
-            if size > MAX_SIZE:
-                raise InvalidArgument(f"the universe {universe} holds {size} IDs; a universe holds at most 2**62 IDs")
+            check_argument(_INT64.min <= min(ends) <= max(ends) <= _INT64.max,
+                           f"the universe {universe} holds IDs beyond int64; sample IDs are int64")
+            check_argument(size <= MAX_SIZE,
+                           f"the universe {universe} holds {size} IDs; a universe holds at most 2**62 IDs")
             return cls("int", size, description, progression=universe)
         if isinstance(universe, (set, frozenset)):
             universe = sorted(universe)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from trainparity._observe._autocast import AutocastUse, Bypass, RegionUse, low_precision
 from trainparity._results._violation import Violation, format_number
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument
 
 #: what the reports call the ops the watch records (torch's FLOP table)
 WATCHED_OPS = "matmul, convolution or attention"
@@ -37,10 +37,10 @@ def declared_dtype(recipe_type: type) -> torch.dtype | None:
     declared = getattr(recipe_type, "autocast_dtype", None)
     if declared is None:
         return None
-    if not isinstance(declared, torch.dtype) or not declared.is_floating_point or declared.itemsize >= 4:
-        raise InvalidArgument(f"{recipe_type.__name__}.autocast_dtype must be None or the low dtype autocast should "
-                              f"run matmuls in (torch.bfloat16 or torch.float16), got {declared!r}")
-    return declared
+    check_argument(isinstance(declared, torch.dtype) and declared.is_floating_point and declared.itemsize < 4,
+                   f"{recipe_type.__name__}.autocast_dtype must be None or the low dtype autocast should run matmuls "
+                   f"in (torch.bfloat16 or torch.float16), got {declared!r}")
+    return cast(torch.dtype, declared)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,11 +62,10 @@ class AutocastRules:
         else:
             raise InvalidArgument("allow_float32= must be None or module-name globs (strings) whose float32 ops inside "
                                   f"autocast are deliberate, e.g. ('attn*',), got {allow_float32!r}")
-        if isinstance(max_float32_share, bool) or not isinstance(max_float32_share, (int, float)) \
-                or not 0.0 <= max_float32_share <= 1.0:
-            raise InvalidArgument("max_float32_share= must be a number in [0, 1] (the share of the FLOPs inside "
-                                  f"autocast regions that may run in float32), got {max_float32_share!r}")
-        return cls(None if declared is None else str(declared), globs, float(max_float32_share))
+        check_argument(not isinstance(max_float32_share, bool) and isinstance(max_float32_share, (int, float))
+                       and 0.0 <= max_float32_share <= 1.0, "max_float32_share= must be a number in [0, 1] (the share "
+                       f"of the FLOPs inside autocast regions that may run in float32), got {max_float32_share!r}")
+        return cls(None if declared is None else str(declared), globs, float(cast(float, max_float32_share)))
 
     def config(self) -> dict[str, Any]:
         """What the result's config shows: only what differs from the defaults, so existing reports keep theirs."""

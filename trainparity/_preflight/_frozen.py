@@ -27,7 +27,6 @@ from trainparity._preflight._run import (
     once_per_path,
     steps_text,
     unmatched_globs,
-    validate_globs,
 )
 from trainparity._preflight._watch import BufferRef, FrozenWatch, WatchRecord, watch_violations
 from trainparity._process import _session
@@ -36,7 +35,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import FrozenResult
 from trainparity._results._violation import Outcome
 from trainparity._state._entries import State, buffer_names, module_names, module_prefixes, state_parameters
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_globs, check_misuse
 
 __all__ = ["check_frozen"]
 
@@ -170,7 +169,7 @@ def check_frozen(
     for a FAIL; misuse (a glob that matches nothing, a State without a module, `steps` below 1) raises
     TypeError/ValueError.
     """
-    globs = validate_globs(frozen, "frozen", "backbone.*")
+    globs = check_globs(frozen, "frozen", "backbone.*")
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
                                   timeout=timeout)
     payload = FrozenPayload(**vars(preflight.payload), frozen=globs)
@@ -180,6 +179,5 @@ def check_frozen(
     if outcome.error is not None:
         return FrozenResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: FrozenTrace = outcome.output
-    if trace.misuse is not None:
-        raise InvalidArgument(trace.misuse)
+    check_misuse(trace.misuse)
     return judge_frozen(trace, preflight.config)

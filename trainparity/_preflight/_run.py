@@ -26,8 +26,8 @@ from trainparity._process._options import Deadline
 from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._violation import JsonValue, Violation
-from trainparity._state._rng import seed_everything, validate_seed
-from trainparity._validation import InvalidArgument, check_int
+from trainparity._state._rng import seed_everything
+from trainparity._validation import check_int, check_seed
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ class Preflight:
         """Validate the arguments (misuse raises TypeError/ValueError naming the fix) before anything runs."""
         ref = resolve_recipe(recipe)
         steps = check_int("steps", steps, minimum_steps, "calls of step() observed")
-        seed = validate_seed(seed)
+        seed = check_seed(seed)
         chosen = _session.isolation(isolation, "inprocess")
         config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
         return cls(PreflightPayload(ref, steps, seed), config, chosen, Deadline.after(_session.timeout(timeout)))
@@ -149,20 +149,6 @@ def once_per_path(violations: Iterable[Violation]) -> list[Violation]:
             later[key].append(violation.step)
     return [dataclasses.replace(v, message=f"{v.message}\nAlso at {steps_text(later[key])}.") if later[key] else v
             for key, v in first.items()]
-
-
-def validate_globs(value: object, argument: str, example: str) -> tuple[str, ...] | None:
-    """A check's glob argument as a tuple: None, one glob, or a list of them (TypeError/ValueError naming the fix)."""
-    if value is None:
-        return None
-    globs = (value,) if isinstance(value, str) else value
-    if not isinstance(globs, (list, tuple)) or not all(isinstance(glob, str) for glob in globs):
-        raise InvalidArgument(f"{argument}= must be a glob or a list of globs (strings such as {example!r}), "
-                              f"got {type(value).__name__}"
-                              + (f" {value!r}" if isinstance(value, (list, tuple)) else ""))
-    if not globs or not all(globs):
-        raise InvalidArgument(f"{argument}= must hold at least one non-empty glob such as {example!r}, got {value!r}")
-    return tuple(globs)
 
 
 def matches(name: str, globs: Iterable[str]) -> bool:

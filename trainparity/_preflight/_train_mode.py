@@ -30,7 +30,6 @@ from trainparity._preflight._run import (
     observed_recipe,
     once_per_path,
     unmatched_globs,
-    validate_globs,
 )
 from trainparity._process import _session
 from trainparity._process._options import Isolation
@@ -38,7 +37,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainModeResult
 from trainparity._results._violation import Outcome, Violation
 from trainparity._state._entries import module_prefixes
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_globs, check_misuse
 
 __all__ = ["check_train_mode"]
 
@@ -246,7 +245,7 @@ def check_train_mode(
     for a FAIL; misuse (a glob that matches no module, a State without a module, `steps` below 1) raises
     TypeError/ValueError.
     """
-    globs = validate_globs(eval_modules, "eval_modules", "backbone.*")
+    globs = check_globs(eval_modules, "eval_modules", "backbone.*")
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=1, seed=seed, isolation=isolation,
                                   timeout=timeout)
     payload = TrainModePayload(**vars(preflight.payload), eval_modules=globs)
@@ -256,6 +255,5 @@ def check_train_mode(
     if outcome.error is not None:
         return TrainModeResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainModeTrace = outcome.output
-    if trace.misuse is not None:
-        raise InvalidArgument(trace.misuse)
+    check_misuse(trace.misuse)
     return judge_train_mode(trace, preflight.config, globs)

@@ -32,7 +32,7 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._entries import state_objects
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_misuse
 
 __all__ = ["check_training"]
 
@@ -322,7 +322,6 @@ def check_training(
     if outcome.error is not None:
         return TrainingResult.errored(outcome.error, preflight.config, outcome.exception)
     trace: TrainingTrace = outcome.output
-    if trace.misuse is not None:
-        raise InvalidArgument(trace.misuse)
+    check_misuse(trace.misuse)
     return judge_training(trace, preflight.config, verdicts)
 

@@ -29,7 +29,7 @@ from trainparity._preflight._training_verdicts import (
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update, number
 from trainparity._results._violation import JsonValue, Outcome, Violation, format_scale, json_safe
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument
 
 NO_OPTIMIZER = ("the State holds no optimizer: its steps cannot be observed; put the optimizer in the State "
                 "(tp.State(model=model, optimizer=optimizer, ...))")
@@ -119,10 +119,8 @@ class _Judge:
         rates = rates_of(scheduled(schedule, index, where) if callable(schedule) else schedule[index], where)
         if isinstance(rates, float):
             return [rates] * groups
-        if len(rates) != groups:
-            raise InvalidArgument(f"{where} holds {len(rates)} learning rates, but optimizer '{optimizer}' has "
-                                  f"{groups} "
-                                  "parameter groups: give one per group, or one float for all")
+        check_argument(len(rates) == groups, f"{where} holds {len(rates)} learning rates, but optimizer "
+                       f"'{optimizer}' has {groups} parameter groups: give one per group, or one float for all")
         return rates
 
     def shift(self, optimizer: str) -> int | None:

@@ -4,13 +4,18 @@ before anything runs) into `Verdicts`, with the bounds `assert_training_healthy`
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 from trainparity._results._violation import JsonValue, json_safe
-from trainparity._validation import InvalidArgument
+from trainparity._validation import (
+    InvalidArgument,
+    check_argument,
+    check_bool,
+    check_number,
+    check_optional_int,
+)
 
 #: (low, high) bounds of ||update|| / ||parameters||; None leaves a side open
 Band: TypeAlias = tuple[float | None, float | None]
@@ -25,25 +30,18 @@ LOSS_FLOOR = 1e-2
 LR_RTOL, LR_ATOL = 1e-6, 1e-12
 
 
-def _number(value: object, argument: str, example: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise InvalidArgument(f"{argument}= must be a finite number such as {example}, got {value!r}")
-    return float(value)
-
-
 def _band(value: object) -> Band | None:
     if value is None or value is False:
         return None
     if value is True:
         return DEFAULT_BAND
-    if not isinstance(value, (tuple, list)) or len(value) != 2:
-        raise InvalidArgument(f"update_ratio= must be (low, high), True for the default band {DEFAULT_BAND}, or None, "
-                              f"got {value!r}")
-    low, high = (None if side is None else _number(side, "update_ratio", "(1e-4, 1e-2)") for side in value)
-    if (low is None and high is None) or any(side is not None and side < 0 for side in (low, high)) or (
-            low is not None and high is not None and low >= high):
-        raise InvalidArgument(f"update_ratio= must be (low, high) with 0 <= low < high (None leaves a side open), "
-                              f"got {value!r}")
+    check_argument(isinstance(value, (tuple, list)) and len(value) == 2, f"update_ratio= must be (low, high), True "
+                   f"for the default band {DEFAULT_BAND}, or None, got {value!r}")
+    assert isinstance(value, (tuple, list))
+    low, high = (None if side is None else check_number("update_ratio", side, "(1e-4, 1e-2)") for side in value)
+    check_argument((low is not None or high is not None) and all(side is None or side >= 0 for side in (low, high))
+                   and (low is None or high is None or low < high),
+                   f"update_ratio= must be (low, high) with 0 <= low < high (None leaves a side open), got {value!r}")
     return low, high
 
 
@@ -64,9 +62,10 @@ def rates_of(value: object, where: str) -> list[float] | float:
 
 
 def _rate(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
-        raise InvalidArgument(f"{where} must be a learning rate (a float >= 0) or a list of one per parameter group, "
-                              f"got {value!r}")
+    check_argument(not isinstance(value, bool) and isinstance(value, numbers.Real) and float(value) >= 0,
+                   f"{where} must be a learning rate (a float >= 0) or a list of one per parameter group, "
+                   f"got {value!r}")
+    assert isinstance(value, numbers.Real)
     return float(value)
 
 
@@ -78,9 +77,8 @@ def _schedule(value: object, argument: str) -> Schedule:
             rates_of(rate, f"{argument}[{index}]")
         return value
     raise InvalidArgument(f"{argument} must be a function of the optimizer step's index (from 0) returning its "
-                          f"learning "
-                          f"rate, a non-empty list of learning rates, or a mapping from optimizer entries to either, "
-                          f"got {value!r}")
+                          f"learning rate, a non-empty list of learning rates, or a mapping from optimizer entries to "
+                          f"either, got {value!r}")
 
 
 def _described(schedule: Schedule) -> JsonValue:
@@ -107,48 +105,37 @@ class Verdicts:
                  max_grad_norm: object, update_ratio: object, lr_schedule: object,
                  max_skipped_steps: object, max_loss_growth: object = None) -> Verdicts:
         """Misuse raises TypeError/ValueError naming the fix, before anything runs."""
-        decrease = None if min_decrease is None else _number(min_decrease, "min_decrease", "0.1")
-        if decrease is not None and not 0 <= decrease < 1:
-            raise InvalidArgument(f"min_decrease= is a fraction of the first window's median loss in [0, 1) (0.1: 10% "
-                                  f"lower), got {min_decrease!r}")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-            raise InvalidArgument(f"window= must be an int >= 1 (calls of step() per window), got {window!r}")
-        if window is not None and decrease is None:
-            raise InvalidArgument("window= sizes the windows min_decrease= compares: set min_decrease= too (e.g. 0.1)")
+        decrease = None if min_decrease is None else check_number("min_decrease", min_decrease, "0.1")
+        check_argument(decrease is None or 0 <= decrease < 1, f"min_decrease= is a fraction of the first window's "
+                       f"median loss in [0, 1) (0.1: 10% lower), got {min_decrease!r}")
+        window = check_optional_int("window", window, 1, "steps // 4 calls of step() per window")
+        check_argument(window is None or decrease is not None,
+                       "window= sizes the windows min_decrease= compares: set min_decrease= too (e.g. 0.1)")
         windows = (window or max(1, steps // 4)) if decrease is not None else None
-        if windows is not None and 2 * windows > steps:
-            raise InvalidArgument(f"min_decrease= compares the first and the last window={windows} calls of step(), "
-                                  f"which must not overlap: steps= must be at least {2 * windows}, got {steps}")
-        if not isinstance(overfit, bool):
-            raise InvalidArgument(f"overfit= must be True or False, got {overfit!r}")
-        if overfit and steps < 2:
-            raise InvalidArgument(f"overfit=True judges the loss of the later steps against step 1's: steps= must be "
-                                  f"at least 2, got {steps}")
-        fraction = _number(overfit_fraction, "overfit_fraction", "0.1")
-        if not 0 < fraction < 1:
-            raise InvalidArgument(f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction of its "
-                                  f"value at step 1, got {overfit_fraction!r}")
-        bound = None if max_grad_norm is None else _number(max_grad_norm, "max_grad_norm", "10.0")
-        if bound is not None and bound <= 0:
-            raise InvalidArgument(f"max_grad_norm= must be > 0, got {max_grad_norm!r}")
+        if windows is not None:
+            check_argument(2 * windows <= steps, f"min_decrease= compares the first and the last window={windows} "
+                           f"calls of step(), which must not overlap: steps= must be at least {2 * windows}, "
+                           f"got {steps}")
+        overfit = check_bool("overfit", overfit)
+        check_argument(not overfit or steps >= 2, f"overfit=True judges the loss of the later steps against step 1's: "
+                       f"steps= must be at least 2, got {steps}")
+        fraction = check_number("overfit_fraction", overfit_fraction, "0.1")
+        check_argument(0 < fraction < 1, f"overfit_fraction= must be in (0, 1): the loss must fall below that fraction "
+                       f"of its value at step 1, got {overfit_fraction!r}")
+        bound = None if max_grad_norm is None else check_number("max_grad_norm", max_grad_norm, "10.0")
+        check_argument(bound is None or bound > 0, f"max_grad_norm= must be > 0, got {max_grad_norm!r}")
         schedule: Schedule | dict[str, Schedule] | None = None
         if isinstance(lr_schedule, Mapping):
-            if not lr_schedule or not all(isinstance(key, str) for key in lr_schedule):
-                raise InvalidArgument(f"lr_schedule= as a mapping must map optimizer entries (strings) to schedules, "
-                                      f"got {lr_schedule!r}")
+            check_argument(lr_schedule and all(isinstance(key, str) for key in lr_schedule), f"lr_schedule= as a "
+                           f"mapping must map optimizer entries (strings) to schedules, got {lr_schedule!r}")
             schedule = {key: _schedule(value, f"lr_schedule[{key!r}]") for key, value in lr_schedule.items()}
         elif lr_schedule is not None:
             schedule = _schedule(lr_schedule, "lr_schedule=")
-        if max_skipped_steps is not None and (isinstance(max_skipped_steps, bool) or not isinstance(
-                max_skipped_steps, int) or max_skipped_steps < 0):
-            raise InvalidArgument(f"max_skipped_steps= must be None (not judged) or an int >= 0, got "
-                                  f"{max_skipped_steps!r}")
-        growth = None if max_loss_growth is None else _number(max_loss_growth, "max_loss_growth", "100.0")
-        if growth is not None and growth <= 1:
-            raise InvalidArgument(f"max_loss_growth= is how many times its start the loss may reach, > 1 (100.0: two "
-                                  f"orders of magnitude), or None (not judged), got {max_loss_growth!r}")
-        return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, max_skipped_steps,
-                   growth)
+        skipped = check_optional_int("max_skipped_steps", max_skipped_steps, 0, "not judged")
+        growth = None if max_loss_growth is None else check_number("max_loss_growth", max_loss_growth, "100.0")
+        check_argument(growth is None or growth > 1, f"max_loss_growth= is how many times its start the loss may "
+                       f"reach, > 1 (100.0: two orders of magnitude), or None (not judged), got {max_loss_growth!r}")
+        return cls(decrease, windows, overfit, fraction, bound, _band(update_ratio), schedule, skipped, growth)
 
     @property
     def optimizer_verdicts(self) -> bool:

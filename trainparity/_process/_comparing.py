@@ -17,7 +17,7 @@ from trainparity._results._result import Result
 from trainparity._results._violation import ChildError, JsonValue
 from trainparity._state._compare import Comparison, resolve_comparison
 from trainparity._state._precision import describe_comparison, dtype_error_hints, effective_comparison
-from trainparity._state._rng import validate_seed
+from trainparity._validation import check_seed
 
 R = TypeVar("R", bound=Result)
 
@@ -50,7 +50,7 @@ class ComparisonSetup:
         chosen_precision = _session.precision(precision)
         chosen_isolation = world_isolation(isolation, backend) if backend is not None else _session.isolation(
             isolation, default_isolation)
-        valid_seed = validate_seed(seed)
+        valid_seed = check_seed(seed)
         config: dict[str, JsonValue] = {
             "recipe": ref.name,
             **(shown or {}),

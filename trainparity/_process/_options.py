@@ -10,28 +10,15 @@ import dataclasses
 import time
 from typing import Literal, TypeAlias
 
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_timeout
 
 Isolation: TypeAlias = Literal["process", "spawn", "inprocess"]
 ISOLATIONS: tuple[Isolation, ...] = ("process", "spawn", "inprocess")
 
 
-def validate_isolation(isolation: object) -> str:
-    if isolation not in ISOLATIONS:
-        raise InvalidArgument(f"isolation= must be one of {', '.join(map(repr, ISOLATIONS))}, got {isolation!r}")
-    return str(isolation)
-
-
 #: the longest timeout, in seconds (over three years): the interval timer that bounds an in-process run takes no
 #: infinity, and overflows the platform's time_t at about 1e10
 MAX_TIMEOUT = 1e8
-
-
-def validate_timeout(timeout: object) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-        raise InvalidArgument(f"timeout= must be a positive number of seconds, at most {MAX_TIMEOUT:.0f} (about three "
-                              f"years), got {timeout!r}")
-    return float(timeout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +36,7 @@ class Deadline:
     @classmethod
     def after(cls, timeout: float) -> Deadline:
         """The deadline of a check that begins now with `timeout` seconds (validated)."""
-        seconds = validate_timeout(timeout)
+        seconds = check_timeout(timeout)
         return cls(seconds, time.monotonic() + seconds)
 
     def remaining(self) -> float:

@@ -16,8 +16,9 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Literal, ParamSpec, TypeAlias, TypeVar, cast
 
-from trainparity._process._options import ISOLATIONS, Isolation, validate_isolation, validate_timeout
+from trainparity._process._options import ISOLATIONS, Isolation
 from trainparity._results._result import Result
+from trainparity._validation import check_choice, check_timeout
 
 Precision: TypeAlias = Literal["float64", "native"]
 
@@ -58,19 +59,19 @@ def isolation(explicit: object, own_default: Isolation, *, runs: tuple[Isolation
     if chosen is None:
         session = _defaults.isolation
         chosen = session if session is not None and session in runs else own_default
-    return cast(Isolation, validate_isolation(chosen))
+    return cast(Isolation, check_choice("isolation", chosen, ISOLATIONS))
 
 
 def timeout(explicit: object) -> float:
     """The timeout a check runs under, validated: the argument, else the session's default."""
-    return validate_timeout(_defaults.timeout if explicit is None else explicit)
+    return check_timeout(_defaults.timeout if explicit is None else explicit)
 
 
 def precision(explicit: object) -> Precision:
     """The precision a check runs in, validated: the argument, else the session's default."""
-    from trainparity._state._precision import validate_precision
+    from trainparity._state._precision import PRECISIONS
 
-    return cast(Precision, validate_precision(_defaults.precision if explicit is None else explicit))
+    return cast(Precision, check_choice("precision", _defaults.precision if explicit is None else explicit, PRECISIONS))
 
 
 def add_listener(listener: Callable[[Result], None]) -> None:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from trainparity._process import _session
 from trainparity._process._options import Isolation
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument, check_type
 
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
 #: process group (held by DDP's reducer) with the GIL held can deadlock in its destructor (torch 2.13:
@@ -32,17 +32,15 @@ class World:
 
 
 def validate_backend(backend: object, world_size: int) -> str:
-    if not isinstance(backend, str):
-        raise InvalidArgument(f"backend= must be a string such as 'gloo' or 'nccl', got {type(backend).__name__}")
-    if not dist.is_available():
-        raise InvalidArgument("this torch build has no torch.distributed; install a build with distributed support")
-    if not dist.is_backend_available(backend):
-        raise InvalidArgument(f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
-    if backend == "nccl" and torch.cuda.device_count() < world_size:
-        raise InvalidArgument(
-            f"backend='nccl' needs one GPU per rank: world_size={world_size}, {torch.cuda.device_count()} visible; "
-            "lower world_size or use backend='gloo'"
-        )
+    backend = check_type(backend, str, f"backend= must be a string such as 'gloo' or 'nccl', got "
+                         f"{type(backend).__name__}")
+    check_argument(dist.is_available(),
+                   "this torch build has no torch.distributed; install a build with distributed support")
+    check_argument(dist.is_backend_available(backend),
+                   f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
+    check_argument(backend != "nccl" or torch.cuda.device_count() >= world_size, f"backend='nccl' needs one GPU per "
+                   f"rank: world_size={world_size}, {torch.cuda.device_count()} visible; lower world_size or use "
+                   "backend='gloo'")
     return backend
 
 
@@ -52,8 +50,8 @@ def world_isolation(explicit: object, backend: str) -> Isolation:
     CUDA; "inprocess" cannot run several ranks."""
     own: Isolation = "spawn" if backend == "nccl" else "process"
     isolation = _session.isolation(explicit, own, runs=("spawn",) if backend == "nccl" else ("process", "spawn"))
-    if isolation == "inprocess":
-        raise InvalidArgument("isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
+    check_argument(isolation != "inprocess",
+                   "isolation='inprocess' cannot run a world of ranks: use 'process' or 'spawn'")
     return isolation
 
 

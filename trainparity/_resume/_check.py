@@ -33,7 +33,7 @@ from trainparity._state._compare import (
     ExactComparison,
 )
 from trainparity._state._snapshot import state_entry
-from trainparity._validation import InvalidArgument, check_int
+from trainparity._validation import check_argument, check_int, check_optional_int, check_resume_at
 
 TASK = "trainparity._resume._trace:train_run"
 
@@ -42,31 +42,22 @@ def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
     steps = check_int("steps", steps, 2, "one step before and one after the resume")
     if resume_at is None:
         return steps, steps // 2
-    if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at <= steps - 1:
-        raise InvalidArgument(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
-    return steps, resume_at
+    return steps, check_resume_at(resume_at, steps)
 
 
 def _validate_worlds(world_size: object, resume_world_size: object) -> tuple[int, int]:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise InvalidArgument(f"world_size= must be an int >= 1 (the ranks of every run but the resumed one), "
-                              f"got {world_size!r}")
-    if resume_world_size is None:
-        return world_size, world_size
-    if isinstance(resume_world_size, bool) or not isinstance(resume_world_size, int) or resume_world_size < 1:
-        raise InvalidArgument(f"resume_world_size= must be an int >= 1 or None (the same as world_size), "
-                              f"got {resume_world_size!r}")
-    return world_size, resume_world_size
+    world_size = check_int("world_size", world_size, 1, "the ranks of every run but the resumed one")
+    resumed = check_optional_int("resume_world_size", resume_world_size, 1, "the same as world_size")
+    return world_size, world_size if resumed is None else resumed
 
 
 def _require_own_checkpoint_code(ref: RecipeRef, world_size: int, resume_world_size: int) -> None:
     recipe_class = ref.recipe_class()
-    if recipe_class.save is Recipe.save or recipe_class.load is Recipe.load:
-        raise InvalidArgument(
-            f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
-            "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
-            "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
-            "splits otherwise")
+    check_argument(recipe_class.save is not Recipe.save and recipe_class.load is not Recipe.load,
+                   f"resume_world_size={resume_world_size} != world_size={world_size} needs {recipe_class.__name__}'s "
+                   "own save() and load() (for example with torch.distributed.checkpoint): the default tp.save_state "
+                   "file of each rank holds that rank's loader position and RNG state, which another number of ranks "
+                   "splits otherwise")
 
 
 @_session.recorded

@@ -28,14 +28,12 @@ from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, compare_snapshots, resolve_comparison
-from trainparity._validation import InvalidArgument, check_int
+from trainparity._validation import check_int, check_resume_at
 
 
 def _validate(steps: object, resume_at: object) -> tuple[int, int]:
     steps = check_int("steps", steps, 2, "optimizer steps")
-    if isinstance(resume_at, bool) or not isinstance(resume_at, int) or not 1 <= resume_at < steps:
-        raise InvalidArgument(f"resume_at= must be an int in 1..{steps - 1} (steps={steps}), got {resume_at!r}")
-    return steps, resume_at
+    return steps, check_resume_at(resume_at, steps)
 
 
 @_session.recorded

@@ -15,7 +15,7 @@ from trainparity._process._options import Deadline
 from trainparity._results._violation import ChildError
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ENVIRONMENT, ScriptRun
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument
 
 SITE = pathlib.Path(__file__).resolve().parent / "site"
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -33,8 +33,7 @@ def parse_command(command: object, name: str) -> list[str]:
     else:
         raise InvalidArgument(f"{name}= must be a command line (a string, split like a shell) or a list of strings, "
                               f"got {type(command).__name__}")
-    if not parts:
-        raise InvalidArgument(f"{name}= is empty: give the command that trains, e.g. 'python train.py'")
+    check_argument(parts, f"{name}= is empty: give the command that trains, e.g. 'python train.py'")
     return parts
 
 

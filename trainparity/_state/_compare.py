@@ -18,7 +18,7 @@ import torch
 from trainparity._results._violation import JsonValue, format_number, json_safe
 from trainparity._state._digest import Digest, digest
 from trainparity._state._tensors import arithmetic_view, element_bits, flat_bits, opaque
-from trainparity._validation import InvalidArgument
+from trainparity._validation import InvalidArgument, check_argument
 
 #: a snapshot's value at one path; a large tensor may be known by its `Digest` only
 Leaf: TypeAlias = torch.Tensor | Digest | bool | int | float | str | None
@@ -53,10 +53,10 @@ class ToleranceComparison:
     def __post_init__(self) -> None:
         for name in ("rtol", "atol"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise InvalidArgument(f"ToleranceComparison({name}=...) must be a number, got {type(value).__name__}")
-            if not math.isfinite(value) or value < 0:
-                raise InvalidArgument(f"ToleranceComparison({name}={value!r}) must be finite and >= 0")
+            check_argument(not isinstance(value, bool) and isinstance(value, (int, float)),
+                           f"ToleranceComparison({name}=...) must be a number, got {type(value).__name__}")
+            check_argument(math.isfinite(value) and value >= 0,
+                           f"ToleranceComparison({name}={value!r}) must be finite and >= 0")
 
     def allowed(self, dtype: torch.dtype | None) -> tuple[float, float]:
         if dtype is None or dtype.is_floating_point or dtype.is_complex:

@@ -17,7 +17,7 @@ from torch import nn
 
 from trainparity._state._containers import container_values, is_container, is_dataclass_instance
 from trainparity._state._rng import stream_kind
-from trainparity._validation import InvalidArgument
+from trainparity._validation import check_argument
 
 T = TypeVar("T")
 SCALARS = (bool, int, float, str, type(None))
@@ -39,8 +39,7 @@ class State:
             setattr(self, name, value)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            raise InvalidArgument(f"State entry names must not start with '_': {name!r}")
+        check_argument(not name.startswith("_"), f"State entry names must not start with '_': {name!r}")
         object.__setattr__(self, name, value)
 
     def __iter__(self) -> Iterator[str]:

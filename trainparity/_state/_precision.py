@@ -29,7 +29,6 @@ from torch import nn
 from trainparity._batches._split import map_leaves
 from trainparity._state._compare import EXACT, Comparison, ToleranceComparison
 from trainparity._state._entries import State, state_objects
-from trainparity._validation import InvalidArgument
 
 PRECISIONS = ("float64", "native")
 #: The comparison of float64 mode when none is declared. float64 rounding of a training step is about
@@ -47,12 +46,6 @@ FORCED_PRECISION_HINT = (
 
 class PrecisionError(RuntimeError):
     """A float64 run met a tensor of another floating dtype that the recipe forced."""
-
-
-def validate_precision(precision: object) -> str:
-    if precision not in PRECISIONS:
-        raise InvalidArgument(f"precision= must be 'float64' or 'native', got {precision!r}")
-    return str(precision)
 
 
 def effective_comparison(declared: Comparison | None, precision: str) -> Comparison:

@@ -17,19 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainparity._validation import InvalidArgument
-
 #: seeds torch, numpy (modulo 2**32) and Python's random all accept
 SEED_LIMIT = 2**63
-
-
-def validate_seed(seed: object) -> int:
-    """The `seed=` of a check, refused at the call rather than blamed on the recipe in a child."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise InvalidArgument(f"seed= must be an int, got {type(seed).__name__}")
-    if not 0 <= seed < SEED_LIMIT:
-        raise InvalidArgument(f"seed= must be in [0, 2**63), got {seed}")
-    return seed
 
 
 def seed_everything(seed: int) -> None:

@@ -25,7 +25,7 @@ from trainparity._process._options import Deadline
 from trainparity._recipe._recipe import set_loader_epoch
 from trainparity._results._result import WorkerRandomnessResult
 from trainparity._results._violation import JsonValue
-from trainparity._validation import InvalidArgument, check_int
+from trainparity._validation import InvalidArgument, check_argument, check_int, check_optional_int
 from trainparity._workers._judge import Epoch, judge_workers
 from trainparity._workers._record import Fetch, Fetched, RecordingCollate, RecordingInit, begin, end, roots
 from trainparity._workers._streams import snapshot
@@ -38,16 +38,13 @@ def _validate(loader: object, epochs: object, batches: object) -> DataLoader[Any
             raise InvalidArgument(f"loader= must be a torch.utils.data.DataLoader, got {what}, which is not iterable")
         raise InvalidArgument(f"loader= must be a torch.utils.data.DataLoader (or a subclass, such as torchdata's "
                               f"StatefulDataLoader), got {what}: the check records inside the loader's workers "
-                              f"through its "
-                              "worker_init_fn and collate_fn")
+                              "through its worker_init_fn and collate_fn")
     check_int("epochs", epochs, 1, "epochs of the loader iterated")
-    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int) or batches < 1):
-        raise InvalidArgument(f"batches= must be None (whole epochs) or an int >= 1 (batches per epoch), got "
-                              f"{batches!r}")
-    if loader.persistent_workers and getattr(loader, "_iterator", None) is not None:
-        raise InvalidArgument("loader= already has persistent workers running (it was iterated before): the check must "
-                              "start the workers itself to record inside them; pass a loader that has not been "
-                              "iterated (a new one from the function that builds it)")
+    check_optional_int("batches", batches, 1, "whole epochs")
+    check_argument(not loader.persistent_workers or getattr(loader, "_iterator", None) is None, "loader= already has "
+                   "persistent workers running (it was iterated before): the check must start the workers itself to "
+                   "record inside them; pass a loader that has not been iterated (a new one from the function that "
+                   "builds it)")
     return loader
 
 
