@@ -49,8 +49,14 @@ class Result:
     #: the JSON fields a result type adds to the common ones (`_json_extra`)
     json_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, *, check: str | None = None, assertion: str | None = None, **kwargs: Any) -> None:
+        """`class CoverageResult(Result, check="coverage", assertion="tp.assert_coverage")`: the result type of a
+        check, which `Result.from_json` reads back by its check's name."""
         super().__init_subclass__(**kwargs)
+        if check is not None:
+            cls.check = check
+        if assertion is not None:
+            cls.assertion = assertion
         if "check" in cls.__dict__:  # a type that names its own check; a subclass that keeps its parent's is not one
             if cls.check in _TYPES:
                 raise TypeError(f"{cls.__name__} and {_TYPES[cls.check].__name__} both name the check {cls.check!r}:"
@@ -151,54 +157,45 @@ class Result:
         )
 
 
-class ResumeResult(Result):
-    check: ClassVar[str] = "resume"
-    assertion: ClassVar[str] = "tp.assert_resume_equivalent (or tp.assert_resume_script_equivalent)"
+class ResumeResult(Result, check="resume",
+                   assertion="tp.assert_resume_equivalent (or tp.assert_resume_script_equivalent)"):
+    """The result of `tp.check_resume` and `tp.check_resume_script`."""
 
 
-class AccumulationResult(Result):
-    check: ClassVar[str] = "accumulation"
-    assertion: ClassVar[str] = "tp.assert_accumulation_equivalent"
+class AccumulationResult(Result, check="accumulation", assertion="tp.assert_accumulation_equivalent"):
+    """The result of `tp.check_accumulation`."""
 
 
-class CoverageResult(Result):
-    check: ClassVar[str] = "coverage"
-    assertion: ClassVar[str] = "tp.assert_coverage"
+class CoverageResult(Result, check="coverage", assertion="tp.assert_coverage"):
+    """The result of `tp.check_coverage`."""
 
 
-class DataParallelResult(Result):
-    check: ClassVar[str] = "data_parallel"
-    assertion: ClassVar[str] = "tp.assert_data_parallel_equivalent"
+class DataParallelResult(Result, check="data_parallel", assertion="tp.assert_data_parallel_equivalent"):
+    """The result of `tp.check_data_parallel`."""
 
 
-class OptimizerCoverageResult(Result):
-    check: ClassVar[str] = "optimizer_coverage"
-    assertion: ClassVar[str] = "tp.assert_optimizer_coverage"
+class OptimizerCoverageResult(Result, check="optimizer_coverage", assertion="tp.assert_optimizer_coverage"):
+    """The result of `tp.check_optimizer_coverage`."""
 
 
-class MixedPrecisionResult(Result):
-    check: ClassVar[str] = "mixed_precision"
-    assertion: ClassVar[str] = "tp.assert_mixed_precision_safe"
+class MixedPrecisionResult(Result, check="mixed_precision", assertion="tp.assert_mixed_precision_safe"):
+    """The result of `tp.check_mixed_precision`."""
 
 
-class RunsResult(Result):
-    check: ClassVar[str] = "runs_equivalent"
-    assertion: ClassVar[str] = "tp.assert_runs_equivalent"
+class RunsResult(Result, check="runs_equivalent", assertion="tp.assert_runs_equivalent"):
+    """The result of `tp.check_runs_equivalent`."""
 
 
-class FrozenResult(Result):
-    check: ClassVar[str] = "frozen"
-    assertion: ClassVar[str] = "tp.assert_frozen"
+class FrozenResult(Result, check="frozen", assertion="tp.assert_frozen"):
+    """The result of `tp.check_frozen`."""
 
 
-class TrainModeResult(Result):
-    check: ClassVar[str] = "train_mode"
-    assertion: ClassVar[str] = "tp.assert_train_mode"
+class TrainModeResult(Result, check="train_mode", assertion="tp.assert_train_mode"):
+    """The result of `tp.check_train_mode`."""
 
 
-class WorkerRandomnessResult(Result):
-    check: ClassVar[str] = "worker_randomness"
-    assertion: ClassVar[str] = "tp.assert_worker_randomness"
+class WorkerRandomnessResult(Result, check="worker_randomness", assertion="tp.assert_worker_randomness"):
+    """The result of `tp.check_worker_randomness`."""
 
 
 @dataclasses.dataclass(repr=False)
