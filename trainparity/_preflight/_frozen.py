@@ -127,6 +127,7 @@ def _named(paths: list[str], limit: int = 4) -> str:
 
 
 def judge_frozen(trace: FrozenTrace, config: dict[str, Any]) -> FrozenResult:
+    check_misuse(trace.misuse)
     watch, declared = trace.watch, config["frozen"] is not None
     if not watch.frozen:
         return FrozenResult(Outcome.ABSTAIN, config=config, reason=(
@@ -175,9 +176,4 @@ def check_frozen(
     payload = FrozenPayload(**vars(preflight.payload), frozen=globs)
     preflight = dataclasses.replace(preflight, payload=payload,
                                     config={**preflight.config, "frozen": None if globs is None else list(globs)})
-    outcome = preflight.run(TASK, FrozenTrace)
-    if outcome.error is not None:
-        return FrozenResult.errored(outcome.error, preflight.config, outcome.exception)
-    trace: FrozenTrace = outcome.output
-    check_misuse(trace.misuse)
-    return judge_frozen(trace, preflight.config)
+    return preflight.judged(TASK, FrozenTrace, FrozenResult, lambda trace: judge_frozen(trace, preflight.config))

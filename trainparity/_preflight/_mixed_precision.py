@@ -335,9 +335,7 @@ def check_mixed_precision(
                                   timeout=timeout)
     rules = AutocastRules.validate(declared_dtype(preflight.payload.recipe.recipe_class()), allow_float32,
                                    max_float32_share)
-    config = {**preflight.config, "max_skipped_steps": max_skipped_steps, **rules.config()}
-    outcome = preflight.run(TASK, PrecisionTrace)
-    if outcome.error is not None:
-        return MixedPrecisionResult.errored(outcome.error, config, outcome.exception)
-    trace: PrecisionTrace = outcome.output
-    return judge_mixed_precision(trace, config, max_skipped_steps, rules)
+    preflight = dataclasses.replace(preflight, config={**preflight.config, "max_skipped_steps": max_skipped_steps,
+                                                       **rules.config()})
+    return preflight.judged(TASK, PrecisionTrace, MixedPrecisionResult,
+                            lambda trace: judge_mixed_precision(trace, preflight.config, max_skipped_steps, rules))

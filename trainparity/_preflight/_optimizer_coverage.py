@@ -368,8 +368,5 @@ def check_optimizer_coverage(
     """
     preflight = Preflight.prepare(recipe, steps=steps, minimum_steps=0, seed=seed, isolation=isolation,
                                   timeout=timeout)
-    outcome = preflight.run(TASK, CoverageTrace)
-    if outcome.error is not None:
-        return OptimizerCoverageResult.errored(outcome.error, preflight.config, outcome.exception)
-    trace: CoverageTrace = outcome.output
-    return judge_optimizer_coverage(trace, preflight.config)
+    return preflight.judged(TASK, CoverageTrace, OptimizerCoverageResult,
+                            lambda trace: judge_optimizer_coverage(trace, preflight.config))

@@ -21,15 +21,17 @@ import torch
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord
 from trainparity._process import _session
-from trainparity._process._engine import Job, JobOutcome, run_jobs
+from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
+from trainparity._results._result import Result
 from trainparity._results._violation import JsonValue, Violation
 from trainparity._state._rng import seed_everything
 from trainparity._validation import check_int, check_seed
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Result)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,10 +64,15 @@ class Preflight:
         config: dict[str, JsonValue] = {"recipe": ref.name, "steps": steps, "seed": seed, "isolation": chosen}
         return cls(PreflightPayload(ref, steps, seed), config, chosen, Deadline.after(_session.timeout(timeout)))
 
-    def run(self, task: str, record: type) -> JobOutcome:
-        """Run `task` on the payload; the outcome's output is its trace (a `record`), or its error."""
+    def judged(self, task: str, record: type[T], result: type[R], judge: Callable[[T], R]) -> R:
+        """Run `task` on the payload and judge the trace it returns (a `record`); a run that raised, hung or died
+        is the ERROR result (of type `result`)."""
         job = Job(task, self.payload, "training", record=record, workdir=False)  # no preflight task writes files
-        return run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
+        outcome = run_jobs([job], deadline=self.deadline, isolation=self.isolation)[0]
+        if outcome.error is not None:
+            return result.errored(outcome.error, self.config, outcome.exception)
+        trace: T = outcome.output
+        return judge(trace)
 
 
 @contextlib.contextmanager

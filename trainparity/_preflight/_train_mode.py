@@ -206,6 +206,7 @@ class _Judge:
 
 def judge_train_mode(trace: TrainModeTrace, config: dict[str, Any],
                      eval_modules: tuple[str, ...] | None) -> TrainModeResult:
+    check_misuse(trace.misuse)
     if not any(record.passes for record in trace.calls):
         return TrainModeResult(Outcome.ABSTAIN, config=config, reason=(
             f"no forward pass of a module of the State ran in the {config['steps']} steps: call the model the State "
@@ -251,9 +252,5 @@ def check_train_mode(
     payload = TrainModePayload(**vars(preflight.payload), eval_modules=globs)
     preflight = dataclasses.replace(preflight, payload=payload, config={
         **preflight.config, "eval_modules": None if globs is None else list(globs)})
-    outcome = preflight.run(TASK, TrainModeTrace)
-    if outcome.error is not None:
-        return TrainModeResult.errored(outcome.error, preflight.config, outcome.exception)
-    trace: TrainModeTrace = outcome.output
-    check_misuse(trace.misuse)
-    return judge_train_mode(trace, preflight.config, globs)
+    return preflight.judged(TASK, TrainModeTrace, TrainModeResult,
+                            lambda trace: judge_train_mode(trace, preflight.config, globs))

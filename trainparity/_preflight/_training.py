@@ -32,7 +32,6 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update
 from trainparity._state._entries import state_objects
-from trainparity._validation import check_misuse
 
 __all__ = ["check_training"]
 
@@ -318,10 +317,6 @@ def check_training(
     scheduled = tuple(verdicts.lr_schedule) if isinstance(verdicts.lr_schedule, dict) else ()
     payload = TrainingPayload(**vars(preflight.payload), overfit=verdicts.overfit, scheduled=scheduled)
     preflight = dataclasses.replace(preflight, payload=payload, config={**preflight.config, **verdicts.config()})
-    outcome = preflight.run(TASK, TrainingTrace)
-    if outcome.error is not None:
-        return TrainingResult.errored(outcome.error, preflight.config, outcome.exception)
-    trace: TrainingTrace = outcome.output
-    check_misuse(trace.misuse)
-    return judge_training(trace, preflight.config, verdicts)
+    return preflight.judged(TASK, TrainingTrace, TrainingResult,
+                            lambda trace: judge_training(trace, preflight.config, verdicts))
 

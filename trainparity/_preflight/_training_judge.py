@@ -29,7 +29,7 @@ from trainparity._preflight._training_verdicts import (
 from trainparity._results._result import TrainingResult
 from trainparity._results._telemetry import TrainingStep, Update, number
 from trainparity._results._violation import JsonValue, Outcome, Violation, format_scale, json_safe
-from trainparity._validation import check_argument
+from trainparity._validation import check_argument, check_misuse
 
 NO_OPTIMIZER = ("the State holds no optimizer: its steps cannot be observed; put the optimizer in the State "
                 "(tp.State(model=model, optimizer=optimizer, ...))")
@@ -424,6 +424,7 @@ def _close(actual: float, expected: float) -> bool:
 
 
 def judge_training(trace: TrainingTrace, config: dict[str, JsonValue], verdicts: Verdicts) -> TrainingResult:
+    check_misuse(trace.misuse)
     judge = _Judge(trace, verdicts)
     if verdicts.optimizer_verdicts and not trace.optimizers:
         judge.unjudged.append(NO_OPTIMIZER)
