@@ -302,3 +302,27 @@ def test_a_timeout_the_interval_timer_cannot_hold_is_refused_naming_the_limit(ti
         tp.check_coverage({0: [[0]]}, policy=tp.ExactlyOnce(range(1)), timeout=timeout)
     with pytest.raises(ValueError, match=refused):
         tp.check_resume(ResumeRecipe, steps=2, resume_at=1, isolation="inprocess", timeout=timeout)
+
+
+def test_workers_killed_at_the_timeout_leave_no_temporary_directory_once_the_process_exits(
+        tmp_path: pathlib.Path) -> None:
+    """A DataLoader worker killed at the check's timeout never exits, so it never removes a multiprocessing
+    directory of its own (`pymp-*`, for the socket that hands over file descriptors): the workers share this
+    process's, which goes when the process exits. TMPDIR shows what the process and its workers left."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import trainparity as tp
+        from worker_datasets import numbers
+        result = tp.check_worker_randomness(numbers(hang_at=5, pids=sys.argv[2]), timeout=1.5)
+        assert result.error is not None and result.error.kind == "timeout", result.report()
+    """)
+    temporary, pids = tmp_path / "tmp", tmp_path / "pids"
+    temporary.mkdir()
+    pids.mkdir()
+    done = subprocess.run([sys.executable, "-c", code, str(pathlib.Path(__file__).parent), str(pids)],
+                          capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "TMPDIR": str(temporary)})
+    assert done.returncode == 0, done.stderr
+    assert list(pids.glob("*.pids"))  # the workers did start
+    assert sorted(path.name for path in temporary.iterdir()) == []

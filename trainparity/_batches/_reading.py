@@ -11,6 +11,7 @@ DataLoader iterator, and its worker processes, alive.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.util
 import traceback
 import types
 from typing import Any, TypeVar
@@ -69,6 +70,15 @@ def release_frames(error: BaseException) -> None:
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
         pending += [current.__cause__, current.__context__]
+
+
+def start_iterator(iterable: Any) -> Any:
+    """`iter(iterable)`, this process's multiprocessing temporary directory made first: a DataLoader's workers,
+    forked here, share it instead of each making its own (for the socket through which a worker hands over file
+    descriptors). Python removes a process's directory when the process exits; a worker killed at the check's
+    timeout never does, and would leave its directory behind."""
+    multiprocessing.util.get_temp_dir()
+    return iter(iterable)
 
 
 def release_iterator(iterator: Any, iterable: Any, finished: bool, late: bool) -> None:

@@ -21,7 +21,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed, release_iterator
+from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed, release_iterator, start_iterator
 from trainparity._batches._sample_ids import IdArray, batch_id_array, plain_int_ids, read_ids
 from trainparity._coverage._audit import Observations
 from trainparity._coverage._record import WorkerBatch
@@ -224,7 +224,7 @@ def _read_rank(streams: _Streams, mapping: Any, rank: Any, phase: str, sample_id
     try:
         try:
             iterable = mapping[rank]
-            iterator = iter(iterable)
+            iterator = start_iterator(iterable)
         except Exception as error:  # noqa: BLE001 - the user's __iter__ failed: an ERROR result
             raise UserCodeFailed(error, phase, int(rank)) from error
         if sample_ids is not None or type(iterable) not in (list, tuple) \

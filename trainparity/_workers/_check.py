@@ -18,7 +18,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed, release_iterator
+from trainparity._batches._reading import ReadingTimedOut, UserCodeFailed, release_iterator, start_iterator
 from trainparity._process import _session
 from trainparity._process._alarm import DeadlinePassed, interrupted_at
 from trainparity._process._options import Deadline
@@ -64,7 +64,7 @@ def _read_epoch(loader: DataLoader[Any], number: int, batches: int | None, token
         if loader.num_workers == 0:
             begin(token, loader.dataset, user_collate)
         try:
-            iterator = iter(loader)
+            iterator = start_iterator(loader)
         except Exception as error:  # noqa: BLE001 - the user's sampler or worker start failed: an ERROR result
             raise UserCodeFailed(error, phase, None) from error
         while batches is None or len(fetches) < batches:
