@@ -600,3 +600,49 @@ def test_quickstart_outcomes_are_as_expected(capsys: pytest.CaptureFixture[str])
     assert quickstart() == 0
     out = capsys.readouterr().out
     assert "trainparity accumulation check: PASS" in out and "cause: loss_not_scaled" in out
+
+
+# -- the observer's watches, each alone ----------------------------------------------------------------------
+
+
+class _WithDropoutAndNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.BatchNorm1d(4), nn.Dropout(0.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(self.body(x), 0.25, training=self.training)
+
+
+def test_dropout_off_switches_dropout_off_for_its_time_and_says_what_it_switched() -> None:
+    from trainparity._observe._watches import DropoutOff
+
+    model = _WithDropoutAndNorm().train()
+    state = tp.State(model=model)
+    x, functional = torch.ones(8, 4), torch.nn.functional.dropout
+    with DropoutOff(state, _WithDropoutAndNorm) as dropout:
+        assert torch.nn.functional.dropout is not functional
+        assert model.body[1].p == 0.0
+        first, second = model(x), model(x)
+    assert torch.equal(first, second)  # nothing dropped, by the module nor by the function
+    assert model.body[1].p == 0.5 and torch.nn.functional.dropout is functional
+    assert (dropout.record.modules, dropout.record.inactive, dropout.record.functions) == (
+        ["model.body.1"], ["model.body.3"], ["F.dropout"])
+    assert not torch.equal(model(x), model(x))  # undone on exit
+
+
+@pytest.mark.parametrize("mode", ["fail", "eval"])
+def test_batch_dependent_modules_names_those_that_ran_in_training_mode_or_runs_them_in_eval(mode: str) -> None:
+    from trainparity._observe._watches import BatchDependentModules
+
+    model = _WithDropoutAndNorm().train()
+    norm = model.body[2]
+    with BatchDependentModules(tp.State(model=model), mode) as watch:
+        model(torch.randn(8, 4))
+        assert norm.training  # left in its mode between forwards, either way
+    assert watch.ran == {"model.body.2 (BatchNorm1d)"}
+    assert int(norm.num_batches_tracked) == (1 if mode == "fail" else 0)  # eval mode: its statistics untouched
+    model.eval()
+    with BatchDependentModules(tp.State(model=model), mode) as watch:
+        model(torch.randn(8, 4))
+    assert watch.ran == set()

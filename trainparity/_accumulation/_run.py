@@ -20,6 +20,7 @@ from trainparity._batches._split import Microbatches, batch_size, leaves, split_
 from trainparity._compat import state_dict
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord, StepEvent
+from trainparity._observe._watches import BatchDependentModules, DropoutOff
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
@@ -74,9 +75,11 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> Acc
                 parameters = [p for group in optimizer.param_groups for p in group["params"]]
                 require_float64(iter(parameters), f"a parameter that optimizer '{entry}' steps")
 
-        with Observer(state, type(recipe), disable_dropout=payload.disable_dropout,
+        dropout = DropoutOff(state, type(recipe))
+        batch_dependent = BatchDependentModules(state, payload.batch_dependent)
+        with Observer(state, type(recipe), [dropout, batch_dependent] if payload.disable_dropout else [batch_dependent],
                       record_contributions=payload.microbatches is not None and payload.sample_contributions,
-                      batch_dependent=payload.batch_dependent, before_step=before_step) as observer:
+                      before_step=before_step) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.
             # Compared exactly: large tensors as digests.
             initial, initial_rng = snapshot_state(state, Digesting()), snapshot_rng()
@@ -86,7 +89,7 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> Acc
             except _InputError as error:
                 input_error = str(error)
             trace = AccumulationTrace(initial, initial_rng, input_error, windows, list(observer.optimizers),
-                                      observer.dropout, sorted(observer.batch_dependent), observer.stride,
+                                      dropout.record, sorted(batch_dependent.ran), observer.stride,
                                       observer.record_contributions)
     return trace
 

@@ -1,7 +1,7 @@
 """Observing the forward passes of a State's modules: in which mode they ran, what they changed and drew.
 
-`ForwardRecorder` is the part of the `Observer` (`record_forwards=True`) that the train-mode and frozen checks
-read. While it is installed:
+`ForwardRecorder` is the watch (`_hooks.Watch`) that the train-mode and frozen checks hand the `Observer`. It
+records dropout as the recipe has it: it is not given with `_watches.DropoutOff`. While it is installed:
 
 - global module forward pre/post hooks (`torch.nn.modules.module.register_module_forward_pre_hook`) see every
   forward of a State module. The outermost one is a *pass*: its grad and inference mode, whether it drew from
@@ -36,8 +36,8 @@ from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.modules.dropout import _DropoutNd
 from torch.utils.hooks import RemovableHandle
 
-from trainparity._observe._hooks import DROPOUT_FUNCTIONS, HookSet, patch_functions
-from trainparity._observe._records import ForwardPass, ForwardRecord, ModeSwitch
+from trainparity._observe._hooks import DROPOUT_FUNCTIONS, Watch, patch_functions
+from trainparity._observe._records import CallRecord, ForwardPass, ForwardRecord, ModeSwitch
 from trainparity._state._compare import bitwise_equal
 from trainparity._state._entries import State, buffer_names, module_names, module_prefixes
 from trainparity._state._rng import torch_rng_states
@@ -99,8 +99,8 @@ class _Running:
     recomputed: bool
 
 
-class ForwardRecorder(HookSet):
-    """Records the forward passes of one State's modules, per `step()` call (`begin_call`/`end_call`)."""
+class ForwardRecorder(Watch):
+    """Records the forward passes of one State's modules, per `step()` call (into `CallRecord.forwards`)."""
 
     def __init__(self, state: State, recipe_type: type) -> None:
         super().__init__()
@@ -151,13 +151,12 @@ class ForwardRecorder(HookSet):
         self._running.clear()
         self._pass = None
 
-    def end_call(self) -> ForwardRecord:
+    def end_call(self, call: CallRecord) -> None:
         self._inside = False
         self._running.clear()
         self._pass = None
         self._remove_output_hooks()
-        record, self._record = self._record, ForwardRecord()
-        return record
+        call.forwards, self._record = self._record, ForwardRecord()
 
     def _remove_output_hooks(self) -> None:
         for handle in self._handles:

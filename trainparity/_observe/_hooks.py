@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, Self
@@ -12,6 +13,7 @@ from typing import Any, Self
 import torch
 import torch.nn.functional as F
 
+from trainparity._observe._records import CallRecord
 from trainparity._state._tensors import gathered
 
 
@@ -106,6 +108,46 @@ class HookSet:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
+
+
+def wrap_method(stack: contextlib.ExitStack, obj: Any, name: str, before: Callable[..., None],
+                after: Callable[..., None] | None = None) -> None:
+    """Shadow `obj.name` with an instance attribute that calls `before` first and `after` last (also when it
+    raises), each with the call's arguments; its undoing goes on `stack`."""
+    had_own = name in vars(obj)
+    previous = vars(obj).get(name)
+    method = getattr(obj, name)
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        before(*args, **kwargs)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            if after is not None:
+                after(*args, **kwargs)
+
+    setattr(obj, name, wrapper)
+
+    def undo() -> None:
+        if had_own:
+            setattr(obj, name, previous)
+        else:
+            delattr(obj, name)
+
+    stack.callback(undo)
+
+
+class Watch(HookSet):
+    """One concern of an observed run (dropout, batch-dependent modules, forward passes) that a check hands the
+    `Observer` in its list of watches: installed after the observer's own hooks, removed with them, and told when
+    each observed call of `step()` begins and ends."""
+
+    def begin_call(self, index: int) -> None:
+        """A call of `step()` begins (`index`: its number in the run)."""
+
+    def end_call(self, call: CallRecord) -> None:
+        """The call ends: what the watch saw of it goes into its record."""
 
 
 def step_closure(optimizer: torch.optim.Optimizer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

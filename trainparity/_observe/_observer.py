@@ -14,16 +14,16 @@ every one of them on exit, exceptions included:
 - the clipping functions of `torch.nn.utils` and `torch.nn.utils.clip_grad`, and any of them
   imported into the recipe's own modules: which parameters were clipped, when, and on
   gradients that were still scaled;
-- forward pre-hooks on batch-dependent modules (BatchNorm and friends): which ran in training
-  mode, or (batch_dependent="eval") running them in eval mode;
-- dropout (when asked): the probabilities of dropout modules set to 0, and the functional
-  dropouts of `torch.nn.functional` (also `scaled_dot_product_attention(dropout_p=...)`, which
-  `nn.MultiheadAttention` calls) run with probability 0;
-- the forward passes of the State's modules (when asked): in which mode they ran, what they
-  changed and drew, who switched a module's mode (`_forwards.ForwardRecorder`).
+- and the watches a check hands it (`Watch`, each a hook set of its own): dropout switched off
+  (`_watches.DropoutOff`), the batch-dependent modules that ran in training mode
+  (`_watches.BatchDependentModules`), the forward passes of the State's modules
+  (`_forwards.ForwardRecorder`).
 
-The clipping and dropout functions are module attributes shared by the whole process, so
-in-process observation holds a lock: two observed runs never overlap.
+The GradScaler's wrappers and the clipping functions' are hook sets of their own (`_ScalerWatch`,
+`_ClipWatch`), which the observer always installs: what they see is part of what an optimizer
+step took (still scaled, clipped). The clipping and dropout functions are module attributes
+shared by the whole process, so in-process observation holds a lock: two observed runs never
+overlap.
 """
 
 from __future__ import annotations
@@ -31,29 +31,27 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.utils.clip_grad as clip_grad
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.modules.dropout import _DropoutNd
 from torch.nn.parameter import is_lazy
 
 from trainparity._compat import GradScaler
-from trainparity._observe._forwards import ForwardRecorder
 from trainparity._observe._hooks import (
-    DROPOUT_FUNCTIONS,
     HookSet,
+    Watch,
     creates_state,
     grad_copy,
     nonfinite_flags,
     patch_functions,
     step_closure,
     tensor_norms,
+    wrap_method,
 )
-from trainparity._observe._records import CallRecord, Clip, Dropout, ScalerStep, StepEvent
+from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
 
@@ -65,6 +63,7 @@ CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
     torch.nn.utils.clip_grads_with_norm_: "clip_grads_with_norm_",
 }
 OBSERVATION_LOCK = threading.RLock()
+W = TypeVar("W", bound=Watch)
 #: how many gradient elements (over all parameters) a diagnosis sample keeps, about
 SAMPLE_ELEMENTS = 1 << 20
 
@@ -73,20 +72,122 @@ def _float(value: Any) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+class _ScalerWatch(HookSet):
+    """The State's one enabled GradScaler: which optimizers' gradients it unscaled since its last update, the
+    `scaler.step()` running now, and the loss scale each of the call's scaler steps left."""
+
+    def __init__(self, observer: Observer, scaler: GradScaler) -> None:
+        super().__init__()
+        self.observer, self.scaler = observer, scaler
+        #: the optimizer entries whose gradients `scaler.unscale_` unscaled since the last `scaler.update()`
+        self.unscaled: set[str] = set()
+        #: the `scaler.step()` call running now, if any
+        self.running: ScalerStep | None = None
+
+    def _install(self) -> None:
+        wrap_method(self._stack, self.scaler, "unscale_", self._unscale)
+        wrap_method(self._stack, self.scaler, "step", self._step_begin, self._step_end)
+        wrap_method(self._stack, self.scaler, "update", self._update, self._updated)
+
+    def scale_of(self, entry: str | None) -> float | None:
+        """The factor that still multiplies `entry`'s gradients, or None when they are unscaled."""
+        return None if entry in self.unscaled else float(self.scaler.get_scale())
+
+    def _unscale(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        entry = self.observer.entry_of(optimizer)
+        if entry is not None:
+            self.unscaled.add(entry)
+
+    def _step_begin(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+        entry, call = self.observer.entry_of(optimizer), self.observer.call
+        if call is not None and entry is not None:
+            self.running = ScalerStep(entry, float(self.scaler.get_scale()))
+            call.scaler_steps.append(self.running)
+
+    def _step_end(self, *args: Any, **kwargs: Any) -> None:
+        self.running = None
+
+    def _update(self, *args: Any, **kwargs: Any) -> None:
+        self.unscaled.clear()
+
+    def _updated(self, *args: Any, **kwargs: Any) -> None:
+        if self.observer.call is None:
+            return
+        for step in self.observer.call.scaler_steps:
+            if step.scale_after is None:
+                step.scale_after = float(self.scaler.get_scale())
+
+
+class _ClipWatch(HookSet):
+    """The clipping functions (`CLIP_FUNCTIONS`, wherever the recipe's modules imported them): each outermost call
+    in an observed call of `step()`, its parameters, the norm it was given, and a sample of the gradients before it
+    clipped them (`before`, for the next optimizer step's `StepEvent.pre_clip`)."""
+
+    def __init__(self, observer: Observer) -> None:
+        super().__init__()
+        self.observer = observer
+        #: per clip of the call running now: parameter name -> a sample of its gradient before the clip
+        self.before: list[dict[str, torch.Tensor | None]] = []
+        self._depth = 0
+
+    def _install(self) -> None:
+        patch_functions(self._stack, self.observer.recipe_type, CLIP_FUNCTIONS, self._wrapper)
+
+    def _wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            if self._depth == 0 and self.observer.call is not None:
+                # Materialize a generator once, so that the original sees the same parameters.
+                parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+                self._record(function, parameters)
+            self._depth += 1
+            try:
+                return original(parameters, *args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return wrapper
+
+    def _record(self, function: str, parameters: list[torch.Tensor]) -> None:
+        observer = self.observer
+        assert observer.call is not None
+        names = [observer.names.get(id(p), "<unnamed>") for p in parameters]
+        grads: dict[str, torch.Tensor | None] = {}
+        with_grads = [(name, parameter.grad, observer.scale_of(observer.owners.get(id(parameter))))
+                      for name, parameter in zip(names, parameters, strict=True) if parameter.grad is not None]
+        for name, grad, scale in with_grads if observer.record_grads else []:
+            grads[name] = observer.sample(grad, scale)
+        norms = tensor_norms([grad for _, grad, _ in with_grads])
+        norm = math.sqrt(sum((n / (scale or 1.0)) ** 2 for n, (_, _, scale) in zip(norms, with_grads, strict=True)))
+        scales = {scale for _, _, scale in with_grads if scale is not None}
+        self.before.append(grads)
+        observer.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None, norm))
+
+    def pre_clip(self, grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
+        """Of the parameters in `grads`, the sample of each one's gradient before the call's first clip of it."""
+        found: dict[str, torch.Tensor] = {}
+        for record in self.before:
+            for name, grad in record.items():
+                if name in grads and name not in found and grad is not None:
+                    found[name] = grad
+        return found
+
+
 class Observer(HookSet):
     """Hooks on one State's objects; use as a context manager around the observed calls.
 
-    Between `begin_call()` and `end_call()` everything observed is attributed to that call.
+    Between `begin_call()` and `end_call()` everything observed is attributed to that call. Its own hooks
+    observe the optimizer steps, the schedulers' steps, the State's one enabled GradScaler and the clipping
+    functions; `watches` (`DropoutOff`, `BatchDependentModules`, `ForwardRecorder`) add what a check asks for.
     `record_contributions` turns on the per-parameter gradient hooks (a sample per backward).
     `before_step(entry, optimizer)` runs in every optimizer step pre-hook, first, and `after_step(entry,
     optimizer)` in every post-hook, last (neither for a step that only creates an optimizer's state).
-    `record_forwards` records the forward passes of each call (`CallRecord.forwards`). `fingerprint_rng=False`
-    leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a millisecond).
-    `record_grads=False` leaves the step events' gradients and the clip records' gradient samples empty: a caller
-    that reads what it needs of the gradients in its step callbacks spares a copy of every gradient per step.
-    `check_finite` names, in each step event, the parameters whose gradient held an inf or a NaN when the step took
-    it (`StepEvent.nonfinite`, one fused reduction per step, no copy), and whether `scaler.step()` told a fused
-    optimizer to skip the update (`StepEvent.told_to_skip`).
+    `fingerprint_rng=False` leaves the RNG fingerprints of calls and steps empty (each costs a fraction of a
+    millisecond). `record_grads=False` leaves the step events' gradients and the clip records' gradient samples
+    empty: a caller that reads what it needs of the gradients in its step callbacks spares a copy of every gradient
+    per step. `check_finite` names, in each step event, the parameters whose gradient held an inf or a NaN when the
+    step took it (`StepEvent.nonfinite`, one fused reduction per step, no copy), and whether `scaler.step()` told a
+    fused optimizer to skip the update (`StepEvent.told_to_skip`).
 
     What serves only to diagnose (the contributions, the gradients before a clip) is kept as a
     sample of at most about `SAMPLE_ELEMENTS` elements over all parameters, so that observing a
@@ -97,36 +198,29 @@ class Observer(HookSet):
         self,
         state: State,
         recipe_type: type,
+        watches: Sequence[Watch] = (),
         *,
-        disable_dropout: bool,
-        record_contributions: bool,
-        batch_dependent: str = "fail",
+        record_contributions: bool = False,
         before_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
         after_step: Callable[[str, torch.optim.Optimizer], None] | None = None,
-        record_forwards: bool = False,
         fingerprint_rng: bool = True,
         record_grads: bool = True,
         check_finite: bool = False,
     ) -> None:
         super().__init__()
-        self.state = state
-        self.record_grads = record_grads
-        self.check_finite = check_finite
+        self.state, self.recipe_type, self.watches = state, recipe_type, list(watches)
+        self.record_contributions, self.record_grads, self.check_finite = record_contributions, record_grads, \
+            check_finite
         self._rng_fingerprint: Callable[[], str] = rng_fingerprint if fingerprint_rng else str
-        self.recipe_type = recipe_type
-        self.disable_dropout = disable_dropout
-        self.record_contributions = record_contributions
-        self.batch_dependent_mode = batch_dependent
-        self.before_step_callback = before_step
-        self.after_step_callback = after_step
-        self.forwards = ForwardRecorder(state, recipe_type) if record_forwards else None
+        self.before_step_callback, self.after_step_callback = before_step, after_step
         self.names = parameter_names(state)
         self.optimizers = dict(state_objects(state, torch.optim.Optimizer))
         self.schedulers = dict(state_objects(state, torch.optim.lr_scheduler.LRScheduler))
         self.modules = {entry: unwrap_module(module) for entry, module in state_objects(state, nn.Module)}
         scalers = [v for _, v in state_objects(state, GradScaler) if v.is_enabled()]
         # With several enabled scalers we cannot tell which one scaled a gradient: record them as they are.
-        self.scaler = scalers[0] if len(scalers) == 1 else None
+        self.scaling = _ScalerWatch(self, scalers[0]) if len(scalers) == 1 else None
+        self.clipping = _ClipWatch(self)
         #: optimizer entry -> [(parameter name, parameter)] in param_groups order
         self.optimizer_parameters = {
             entry: [(self.names.get(id(p), f"{entry}.param{i}"), p) for i, p in enumerate(self._params_of(opt))]
@@ -136,7 +230,6 @@ class Observer(HookSet):
         for entry, pairs in self.optimizer_parameters.items():
             for _, parameter in pairs:
                 self.owners.setdefault(id(parameter), entry)
-        self.unscaled: set[str] = set()
         #: optimizers whose running `step()` only creates their state (`creates_state`)
         self._creating_state: set[str] = set()
         #: optimizers whose running `step(closure)` computes its gradients: they are read in the post-hook
@@ -145,13 +238,6 @@ class Observer(HookSet):
         self.call_index = 0
         self.step_events: dict[str, list[StepEvent]] = {entry: [] for entry in self.optimizers}
         self._steps_seen = 0
-        #: the `scaler.step()` call running now, if any
-        self._scaler_step: ScalerStep | None = None
-        self.dropout = Dropout()
-        #: batch-dependent modules that ran in training mode ("fail") or were run in eval mode ("eval")
-        self.batch_dependent: set[str] = set()
-        self._clip_records: list[dict[str, torch.Tensor | None]] = []
-        self._clip_depth = 0
         #: (optimizer entry, its step's index since `take_step_events`, parameter name, live gradient) -> a tensor
         #: of a run observed before, held instead of a copy where the gradient agrees with it (`_snapshot.Sharing`)
         self.share_gradient: Callable[[str, int, str, torch.Tensor], torch.Tensor | None] | None = None
@@ -169,91 +255,44 @@ class Observer(HookSet):
             stack.callback(optimizer.register_step_pre_hook(functools.partial(self._before_step, entry)).remove)
             stack.callback(optimizer.register_step_post_hook(functools.partial(self._after_step, entry)).remove)
         for entry, scheduler in self.schedulers.items():
-            self._wrap_method(scheduler, "step", functools.partial(self._scheduler_step, entry))
-        if self.scaler is not None:
-            self._wrap_method(self.scaler, "unscale_", self._unscale)
-            self._wrap_method(self.scaler, "step", self._scaler_step_begin, self._scaler_step_end)
-            self._wrap_method(self.scaler, "update", self._scaler_update, self._scaler_updated)
+            wrap_method(stack, scheduler, "step", functools.partial(self._scheduler_step, entry))
+        if self.scaling is not None:
+            stack.enter_context(self.scaling)
         if self.record_contributions:
-            lazy: list[tuple[str, torch.Tensor]] = []
-            for pairs in self.optimizer_parameters.values():
-                for name, parameter in pairs:
-                    if is_lazy(parameter):
-                        lazy.append((name, parameter))
-                    elif parameter.requires_grad:
-                        self._hook_contribution(name, parameter)
-            if lazy:
-                self._hook_when_materialized(lazy)
-        for entry, module in self.modules.items():
-            for sub_name, sub in module.named_modules():
-                path = f"{entry}.{sub_name}" if sub_name else entry
-                if isinstance(sub, _BatchNorm):
-                    described = f"{path} ({type(sub).__name__})"
-                    hook = functools.partial(self._batch_dependent_forward, described)
-                    stack.callback(sub.register_forward_pre_hook(hook).remove)
-                    if self.batch_dependent_mode == "eval":
-                        stack.callback(sub.register_forward_hook(self._restore_mode).remove)
-                if self.disable_dropout:
-                    self._disable_dropout_module(path, sub)
-        self._patch(CLIP_FUNCTIONS, self._clip_wrapper)
-        if self.forwards is not None:  # its dropout wrappers record: they must not wrap ones that disable dropout
-            assert not self.disable_dropout, "record_forwards observes dropout as the recipe has it"
-            stack.enter_context(self.forwards)
-        if self.disable_dropout:
-            self._patch({function: spec.name for function, spec in DROPOUT_FUNCTIONS.items()}, self._dropout_wrapper)
+            self._hook_contributions()
+        stack.enter_context(self.clipping)
+        for watch in self.watches:
+            stack.enter_context(watch)
 
-    def _wrap_method(self, obj: Any, name: str, before: Callable[..., None],
-                     after: Callable[..., None] | None = None) -> None:
-        """Shadow `obj.name` with an instance attribute that calls `before` first and `after` last (also when
-        it raises), each with the call's arguments; undone on exit."""
-        had_own = name in vars(obj)
-        previous = vars(obj).get(name)
-        method = getattr(obj, name)
-
-        @functools.wraps(method)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            before(*args, **kwargs)
-            try:
-                return method(*args, **kwargs)
-            finally:
-                if after is not None:
-                    after(*args, **kwargs)
-
-        setattr(obj, name, wrapper)
-
-        def undo() -> None:
-            if had_own:
-                setattr(obj, name, previous)
-            else:
-                delattr(obj, name)
-
-        self._stack.callback(undo)
-
-    def _disable_dropout_module(self, path: str, module: nn.Module) -> None:
-        attribute = "p" if isinstance(module, _DropoutNd) else "dropout" if isinstance(
-            module, nn.MultiheadAttention) else None
-        if attribute is None:
-            return
-        old = getattr(module, attribute)
-        if old:
-            setattr(module, attribute, 0.0)
-            self._stack.callback(setattr, module, attribute, old)
-            self.dropout.modules.append(path)
-        else:
-            self.dropout.inactive.append(path)
-
-    def _patch(self, functions: dict[Callable[..., Any], str],
-               make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
-        """Replace `functions` in torch's namespaces and in the recipe's own modules; undone on exit."""
-        patch_functions(self._stack, self.recipe_type, functions, make_wrapper)
+    def _hook_contributions(self) -> None:
+        lazy: list[tuple[str, torch.Tensor]] = []
+        for pairs in self.optimizer_parameters.values():
+            for name, parameter in pairs:
+                if is_lazy(parameter):
+                    lazy.append((name, parameter))
+                elif parameter.requires_grad:
+                    self._hook_contribution(name, parameter)
+        if lazy:
+            self._hook_when_materialized(lazy)
 
     # -- the hooks -----------------------------------------------------------------------------------
 
-    def _scale_of(self, entry: str | None) -> float | None:
+    @property
+    def scaler(self) -> GradScaler | None:
+        """The State's one enabled GradScaler, observed (None: none, or several)."""
+        return None if self.scaling is None else self.scaling.scaler
+
+    def watch(self, kind: type[W]) -> W:
+        """The watch of this type the observer was given."""
+        return next(watch for watch in self.watches if isinstance(watch, kind))
+
+    def entry_of(self, optimizer: object) -> str | None:
+        """The State entry of an optimizer (None: not one of the State's)."""
+        return next((e for e, o in self.optimizers.items() if o is optimizer), None)
+
+    def scale_of(self, entry: str | None) -> float | None:
         """The factor that still multiplies `entry`'s gradients, or None when they are unscaled."""
-        if self.scaler is None or entry in self.unscaled:
-            return None
-        return float(self.scaler.get_scale())
+        return None if self.scaling is None else self.scaling.scale_of(entry)
 
     def _before_step(self, entry: str, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if creates_state(optimizer):
@@ -263,20 +302,17 @@ class Observer(HookSet):
             self.before_step_callback(entry, optimizer)
         if self.call is None:
             return
-        scale = self._scale_of(entry)
+        scale = self.scale_of(entry)
         # A closure (`optimizer.step(closure)`) computes the gradients inside the step: they are read after it.
         closure = step_closure(optimizer, args, kwargs)
         grads = {} if closure is not None else self._grads(entry, scale, len(self.step_events[entry]))
         if closure is not None:
             self._closure_steps.add(entry)
-        pre_clip: dict[str, torch.Tensor] = {}
-        for record in self._clip_records:
-            for name, grad in record.items():
-                if name in grads and name not in pre_clip and grad is not None:
-                    pre_clip[name] = grad
+        pre_clip = self.clipping.pre_clip(grads)
         self._steps_seen += 1
-        if self._scaler_step is not None and self._scaler_step.optimizer == entry:
-            self._scaler_step.order = self._steps_seen
+        running = None if self.scaling is None else self.scaling.running
+        if running is not None and running.optimizer == entry:
+            running.order = self._steps_seen
         nonfinite = self._nonfinite_grads(entry) if self.check_finite and closure is None else []
         self.step_events[entry].append(StepEvent(
             call=self.call_index,
@@ -304,7 +340,8 @@ class Observer(HookSet):
         fused optimizer (`_step_supports_amp_scaling`) is always called, with `optimizer.found_inf` set to what the
         GradScaler's inf check found; one given the scaler itself (`grad_scaler=`) checks on its own, and is taken
         to skip gradients that are not finite. Any other optimizer is only called when the check found nothing."""
-        if self._scaler_step is None or self._scaler_step.optimizer != entry:
+        running = None if self.scaling is None else self.scaling.running
+        if running is None or running.optimizer != entry:
             return False
         if "grad_scaler" in kwargs:
             return bool(nonfinite)
@@ -332,7 +369,8 @@ class Observer(HookSet):
             event.grads = self._grads(entry, event.scale if event.scaled else None, len(self.step_events[entry]) - 1)
             if self.check_finite:
                 event.nonfinite = self._nonfinite_grads(entry)
-        self.unscaled.discard(entry)
+        if self.scaling is not None:
+            self.scaling.unscaled.discard(entry)
         if self.call is not None:
             self.call.steps[entry] += 1
         if self.after_step_callback is not None:
@@ -341,33 +379,6 @@ class Observer(HookSet):
     def _scheduler_step(self, entry: str, *args: Any, **kwargs: Any) -> None:
         if self.call is not None:
             self.call.scheduler_steps[entry] += 1
-
-    def _entry(self, optimizer: object) -> str | None:
-        return next((e for e, o in self.optimizers.items() if o is optimizer), None)
-
-    def _unscale(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        entry = self._entry(optimizer)
-        if entry is not None:
-            self.unscaled.add(entry)
-
-    def _scaler_step_begin(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
-        entry = self._entry(optimizer)
-        if self.call is not None and entry is not None and self.scaler is not None:
-            self._scaler_step = ScalerStep(entry, float(self.scaler.get_scale()))
-            self.call.scaler_steps.append(self._scaler_step)
-
-    def _scaler_step_end(self, *args: Any, **kwargs: Any) -> None:
-        self._scaler_step = None
-
-    def _scaler_update(self, *args: Any, **kwargs: Any) -> None:
-        self.unscaled.clear()
-
-    def _scaler_updated(self, *args: Any, **kwargs: Any) -> None:
-        if self.call is None or self.scaler is None:
-            return
-        for step in self.call.scaler_steps:
-            if step.scale_after is None:
-                step.scale_after = float(self.scaler.get_scale())
 
     def _hook_contribution(self, name: str, parameter: torch.Tensor) -> None:
         hook = functools.partial(self._contribution, name)
@@ -395,60 +406,6 @@ class Observer(HookSet):
         contributions = self.call.contribution
         contributions[name] = contributions[name] + copy if name in contributions else copy
 
-    def _batch_dependent_forward(self, path: str, module: nn.Module, args: Any) -> None:
-        if not module.training:
-            return
-        self.batch_dependent.add(path)
-        if self.batch_dependent_mode == "eval":
-            module.training = False
-            module._tp_restore_training = True  # type: ignore[assignment]
-
-    @staticmethod
-    def _restore_mode(module: nn.Module, args: Any, output: Any) -> None:
-        if vars(module).pop("_tp_restore_training", False):
-            module.training = True
-
-    def _clip_wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(parameters: Any, *args: Any, **kwargs: Any) -> Any:
-            if self._clip_depth == 0 and self.call is not None:
-                # Materialize a generator once, so that the original sees the same parameters.
-                parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                self._record_clip(function, parameters)
-            self._clip_depth += 1
-            try:
-                return original(parameters, *args, **kwargs)
-            finally:
-                self._clip_depth -= 1
-
-        return wrapper
-
-    def _dropout_wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
-        spec = DROPOUT_FUNCTIONS[original]
-
-        @functools.wraps(original)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            # only an active dropout is worth naming
-            if spec.drops(args, kwargs) and function not in self.dropout.functions:
-                self.dropout.functions.append(function)
-            args, kwargs = spec.without_dropout(args, kwargs)
-            return original(*args, **kwargs)
-
-        return wrapper
-
-    def _record_clip(self, function: str, parameters: list[torch.Tensor]) -> None:
-        assert self.call is not None
-        names = [self.names.get(id(p), "<unnamed>") for p in parameters]
-        grads: dict[str, torch.Tensor | None] = {}
-        with_grads = [(name, parameter.grad, self._scale_of(self.owners.get(id(parameter))))
-                      for name, parameter in zip(names, parameters, strict=True) if parameter.grad is not None]
-        for name, grad, scale in with_grads if self.record_grads else []:
-            grads[name] = self.sample(grad, scale)
-        norms = tensor_norms([grad for _, grad, _ in with_grads])
-        norm = math.sqrt(sum((n / (scale or 1.0)) ** 2 for n, (_, _, scale) in zip(norms, with_grads, strict=True)))
-        scales = {scale for _, _, scale in with_grads if scale is not None}
-        self._clip_records.append(grads)
-        self.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None, norm))
 
     # -- calls ---------------------------------------------------------------------------------------
 
@@ -457,19 +414,19 @@ class Observer(HookSet):
         random streams are as it left them, so its fingerprint is this call's start (each costs tens of
         microseconds, a tenth of a tiny model's step)."""
         self.call_index = index
-        self._clip_records = []
+        self.clipping.before = []
         self.call = CallRecord(dict.fromkeys(self.optimizers, 0), dict.fromkeys(self.schedulers, 0), [], {},
                                self._rng_fingerprint() if after is None else after.rng_end)
-        if self.forwards is not None:
-            self.forwards.begin_call(index)
+        for watch in self.watches:
+            watch.begin_call(index)
 
     def end_call(self) -> CallRecord:
         assert self.call is not None
         call, self.call = self.call, None
         call.rng_end = self._rng_fingerprint()
-        self._clip_records = []
-        if self.forwards is not None:
-            call.forwards = self.forwards.end_call()
+        self.clipping.before = []
+        for watch in self.watches:
+            watch.end_call(call)
         return call
 
     @functools.cached_property

@@ -75,7 +75,7 @@ class CallRecord:
     numerator: float | None = None
     denominator: float | None = None
     scaler_steps: list[ScalerStep] = dataclasses.field(default_factory=list)
-    #: the forward passes of the State's modules and the mode switches (with `Observer(record_forwards=True)`)
+    #: the forward passes of the State's modules and the mode switches (with the watch `ForwardRecorder`)
     forwards: ForwardRecord | None = None
 
 

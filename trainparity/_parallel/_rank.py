@@ -21,6 +21,7 @@ from torch import nn
 from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._hooks import HookSet
 from trainparity._observe._observer import Observer
+from trainparity._observe._watches import BatchDependentModules
 from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace
 from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, next_batch, require_state
@@ -71,10 +72,11 @@ def run_rank(payload: RankPayload, workdir: pathlib.Path) -> RankTrace:
         seed_everything(payload.seed)
         state = require_state(recipe.setup(), recipe, "setup")
         convert_state(state, payload.precision)
-        with Observer(state, type(recipe), disable_dropout=False, record_contributions=False) as observer, \
+        batch_dependent_modules = BatchDependentModules(state)
+        with Observer(state, type(recipe), [batch_dependent_modules]) as observer, \
                 OutputRecorder(observer.modules) as outputs:
             steps = list(record_steps(recipe, observer, outputs, payload))
-            batch_dependent = sorted(observer.batch_dependent)
+            batch_dependent = sorted(batch_dependent_modules.ran)
             optimizers = len(observer.optimizers)
             layers = owning_layers(observer)
     leave(recipe, state)

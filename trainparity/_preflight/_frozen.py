@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainparity._observe._forwards import ForwardRecorder
 from trainparity._preflight._run import (
     Preflight,
     PreflightPayload,
@@ -86,8 +87,8 @@ def state_buffers(state: State) -> dict[str, tuple[BufferRef, bool]]:
 def frozen_run(payload: FrozenPayload, workdir: pathlib.Path) -> FrozenTrace:
     """Task: watch what is frozen through `steps` observed calls of `step()`."""
     watch = FrozenWatch()
-    with observed_recipe(payload, record_contributions=False, before_step=watch.before_step,
-                         after_step=watch.after_step, record_forwards=True) as (recipe, observer):
+    with observed_recipe(payload, before_step=watch.before_step,
+                         after_step=watch.after_step, watches=[ForwardRecorder]) as (recipe, observer):
         state = observer.state
         if not module_prefixes(state):
             return FrozenTrace(watch.record, NO_MODULE)

@@ -137,7 +137,7 @@ def mixed_precision_run(payload: PreflightPayload, workdir: pathlib.Path) -> Pre
     # The requests are recorded from before setup(), which may make the autocast context that step() enters; the
     # lock (observed_recipe's, reentrant) covers the patch of autocast they make.
     with OBSERVATION_LOCK, RegionRequests() as requests, \
-            observed_recipe(payload, record_contributions=False, record_grads=False,
+            observed_recipe(payload, record_grads=False,
                             check_finite=True) as (recipe, observer), \
             AutocastWatch(observer.state, declared_dtype(type(recipe)), requests) as watch:
         scalers = list(state_objects(observer.state, GradScaler))

@@ -13,11 +13,12 @@ import dataclasses
 import difflib
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import torch
 
+from trainparity._observe._hooks import Watch
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord
 from trainparity._process import _session
@@ -27,6 +28,7 @@ from trainparity._recipe._recipe import Recipe, batch_iterator, loss_value, next
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._result import Result
 from trainparity._results._violation import JsonValue, Violation
+from trainparity._state._entries import State
 from trainparity._state._rng import seed_everything
 from trainparity._validation import check_int, check_seed
 
@@ -76,18 +78,19 @@ class Preflight:
 
 
 @contextlib.contextmanager
-def observed_recipe(payload: PreflightPayload, *, record_contributions: bool,
+def observed_recipe(payload: PreflightPayload, *, watches: Sequence[Callable[[State, type], Watch]] = (),
                     **options: Any) -> Iterator[tuple[Recipe[Any], Observer]]:
-    """The recipe, set up from the seed, its State under an Observer (dropout left as the recipe has it);
-    `options` are the Observer's other keyword arguments (`before_step`, `after_step`, `record_forwards`)."""
+    """The recipe, set up from the seed, its State under an Observer (dropout left as the recipe has it) with the
+    watches `watches` make of the State and the recipe's type; `options` are the Observer's keyword arguments
+    (`before_step`, `after_step`, `record_contributions`, ...)."""
     recipe = payload.recipe.build()
     # The lock covers seeding and setup() too: in-process checks in threads share the global RNG streams
     # and the functions the observer patches.
     with OBSERVATION_LOCK:
         seed_everything(payload.seed)
         state = require_state(recipe.setup(), recipe, "setup")
-        with Observer(state, type(recipe), disable_dropout=False, record_contributions=record_contributions,
-                      fingerprint_rng=False, **options) as observer:
+        with Observer(state, type(recipe), [make(state, type(recipe)) for make in watches], fingerprint_rng=False,
+                      **options) as observer:
             yield recipe, observer
 
 

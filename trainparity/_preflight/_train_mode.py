@@ -20,6 +20,7 @@ import dataclasses
 import pathlib
 from typing import Any
 
+from trainparity._observe._forwards import ForwardRecorder
 from trainparity._observe._records import ForwardPass, ForwardRecord, ModeSwitch
 from trainparity._preflight._frozen import NO_MODULE
 from trainparity._preflight._run import (
@@ -74,9 +75,8 @@ class TrainModeTrace:
 
 def train_mode_run(payload: TrainModePayload, workdir: pathlib.Path) -> TrainModeTrace:
     """Task: `steps` observed calls of `step()`, their forward passes recorded."""
-    with observed_recipe(payload, record_contributions=False, record_forwards=True) as (recipe, observer):
-        recorder = observer.forwards
-        assert recorder is not None
+    with observed_recipe(payload, watches=[ForwardRecorder]) as (recipe, observer):
+        recorder = observer.watch(ForwardRecorder)
         if not module_prefixes(observer.state):
             return TrainModeTrace([], {}, [], NO_MODULE)
         if payload.eval_modules is not None:

@@ -255,11 +255,11 @@ def _training_step(call: Call, events: dict[str, list[StepEvent]], measured: dic
 def training_run(payload: TrainingPayload, workdir: pathlib.Path) -> TrainingTrace:
     """Task: `steps` observed calls of `step()`, each recorded as numbers."""
     probe = UpdateProbe()
-    with observed_recipe(payload, record_contributions=False, before_step=probe.before_step,
+    with observed_recipe(payload, before_step=probe.before_step,
                          after_step=probe.after_step, record_grads=False) as (recipe, observer):
         probe.start(observer)
         scaler = next((entry for entry, value in state_objects(observer.state, GradScaler)
-                       if value is observer.scaler), None)
+                       if observer.scaler is not None and value is observer.scaler), None)
         trace = TrainingTrace({entry: len(optimizer.param_groups) for entry, optimizer in observer.optimizers.items()},
                               scaler, probe.nonfinite_parameters(), [])
         trace.misuse = unknown_schedule_entries(payload.scheduled, list(observer.optimizers))
