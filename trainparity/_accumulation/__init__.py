@@ -117,7 +117,7 @@ def check_accumulation(
                                     shown={"microbatches": json_safe(declared_microbatches), "cycles": cycles})
     _validate(split, setup.isolation, disable_dropout, batch_dependent)
     _require_accumulation_parameter(recipe, setup.recipe)
-    setup.config.update({
+    setup = setup.showing({
         "split": "split_batch" if split is None else _split_reference(split) or getattr(split, "__qualname__", "split"),
         "disable_dropout": disable_dropout,
         "batch_dependent": batch_dependent,

@@ -62,6 +62,11 @@ class ComparisonSetup:
         return cls(ref, valid_seed, chosen_precision, declared, effective_comparison(declared, chosen_precision),
                    chosen_isolation, Deadline.after(_session.timeout(timeout)), config)
 
+    def showing(self, more: dict[str, JsonValue]) -> ComparisonSetup:
+        """This set-up with `more` shown in its config, after what `prepare` put there (arguments that could only be
+        checked once the set-up was resolved)."""
+        return dataclasses.replace(self, config={**self.config, **more})
+
     def errored(self, kind: type[R], error: ChildError, exception: BaseException | None = None) -> R:
         """The check's ERROR result for a run that raised, hung or died, with what the error says of dtypes."""
         result = kind.errored(error, self.config, exception)

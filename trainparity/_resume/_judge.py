@@ -12,6 +12,8 @@ builds the same traces).
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from trainparity._results._result import ResumeResult
@@ -131,9 +133,11 @@ class _Judgement:
     #: the first step at which each RNG stream differs, with the violation that would blame it there
     rng_first: dict[str, tuple[OrderKey, Violation]] = dataclasses.field(default_factory=dict)
     last_divergence: int = 0
+    #: the order in which the judgement found its violations: the last part of every order key
+    sequence: Iterator[int] = dataclasses.field(default_factory=itertools.count)
 
     def add(self, step_key: int, slot: int, violation: Violation) -> None:
-        self.found.append(((step_key, slot, len(self.found) + len(self.rng_first)), violation))
+        self.found.append(((step_key, slot, next(self.sequence)), violation))
 
     def violation(self, kind: str, mismatch: Mismatch, step: int, cause: str | None, preface: str) -> Violation:
         """`_violation`, naming where a script's framework checkpoints (Ignite's to_save, Accelerate's prepared
@@ -184,7 +188,7 @@ class _Judgement:
         found = self.violation("rng_mismatch", Mismatch(path, "Generator states are not equal.", None, None), step,
                                known.cause, "The RNG stream at the start of the step differs from uninterrupted "
                                "training: " + known.reason)
-        self.rng_first[path] = ((step, RNG_SLOT, len(self.found) + len(self.rng_first)), found)
+        self.rng_first[path] = ((step, RNG_SLOT, next(self.sequence)), found)
 
     def _data(self, mismatch: Mismatch, index: int, record: StepRecord, rng_causes: dict[str, RngCause]) -> None:
         assert record.sample_ids is not None
