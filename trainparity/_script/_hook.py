@@ -46,6 +46,7 @@ from trainparity._compat import GradScaler
 from trainparity._observe._hooks import creates_state, step_closure
 from trainparity._process import _wire as wire
 from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
+from trainparity._records import fields_of, read
 from trainparity._resume._trace import Boundary, RunTrace, StepRecord
 from trainparity._script._frameworks import FrameworkObjects
 from trainparity._state._entries import State, parameter_names
@@ -77,13 +78,11 @@ class ScriptRun:
     step_digests: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(fields_of(self))
 
     @classmethod
     def from_json(cls, text: str) -> ScriptRun:
-        fields = json.loads(text)
-        fields["whole"] = tuple((int(step), tuple(paths)) for step, paths in fields["whole"])
-        return cls(**fields)
+        return read(cls, json.loads(text), "the script run")
 
     def digesting(self, step: int) -> Digesting:
         """How the snapshot of `step` (0: at the load and the save) is taken."""
