@@ -157,8 +157,10 @@ def _windows(ranks: object) -> list[Window]:
                                "is an (epoch, {rank: iterable}) window: pass only windows, or only mappings (one per "
                                "epoch)")
                 epoch, mapping = item
-                windows.append((check_int(f"ranks= window {index}'s epoch", epoch, 0,
-                                          "the first item of (epoch, {rank: iterable of batches})"), mapping))
+                check_argument(isinstance(epoch, (int, np.integer)) and not isinstance(epoch, (bool, np.bool_))
+                               and epoch >= 0, f"ranks= window {index} must be (epoch, {{rank: iterable of batches}}) "
+                               f"with an epoch int >= 0, got the epoch {epoch!r}")
+                windows.append((int(epoch), mapping))
             done = set()
             for index, (epoch, _) in enumerate(windows):
                 before = windows[index - 1][0]
