@@ -16,11 +16,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import torch
 import torch.distributed as dist
 from data_parallel_recipes import DDPRecipe, NestedRecipe, UnobservedRecipe
+from pipeline_recipes import GPipeMLP
 from process_helpers import still_running
 
 import trainparity as tp
+from trainparity._parallel._judge import NOT_REPLICAS, layout_difference
+from trainparity._parallel._trace import RankStep, RankTrace
 from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
 
@@ -123,6 +127,32 @@ def test_unsynchronized_gradients_make_the_replicas_drift() -> None:
                              for p in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")]
     assert ("replicas.fc2.bias", 1, "grads_not_synchronized") in at_step_1
     assert ("parameters.fc2.bias", 0, "grads_not_synchronized") in at_step_1
+
+
+def test_pipeline_stages_are_not_taken_for_replicas() -> None:
+    """A correct two-stage GPipe pipeline (each rank holds half the layers, under the whole model's names) is no
+    world of replicas: the check abstains and says why, rather than a FAIL blaming unsynchronized gradients."""
+    result = tp.check_data_parallel(GPipeMLP, world_size=2, steps=1, timeout=60)
+    assert result.outcome is tp.Outcome.ABSTAIN and result.violations == [], result.report()
+    assert result.reason is not None and result.reason.startswith(
+        "rank 0 does not hold the model the reference trains: it lacks layers.2.bias, layers.2.weight, "
+        "layers.3.bias (4 in all). The check compares every rank's whole model"), result.reason
+    assert "pipeline parallelism is not supported yet" in result.reason
+
+
+def test_a_rank_whose_parameters_have_another_shape_than_the_reference_s_is_named() -> None:
+    """Parameters sharded by hand (plain tensors, not DTensors) keep the reference's names with other shapes."""
+    weight, shard = torch.zeros(4, 8), torch.zeros(2, 8)
+
+    def trace(parameters: dict[str, Any]) -> RankTrace:
+        return RankTrace([RankStep(1, None, {}, parameters, [])], 1, [], {})
+
+    reference = trace({"fc.weight": weight, "fc.bias": torch.zeros(4)})
+    ranks = [reference, trace({"fc.weight": shard, "fc.bias": torch.zeros(4)})]
+    assert layout_difference(reference, ranks) == (
+        "rank 1 does not hold the model the reference trains: fc.weight is [2, 8] there and [4, 8] in the reference. "
+        + NOT_REPLICAS)
+    assert layout_difference(reference, [reference, reference]) is None
 
 
 def test_shard_violations_name_samples_and_ranks() -> None:

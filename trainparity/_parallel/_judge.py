@@ -32,6 +32,7 @@ from trainparity._state._compare import (
     compare_leaves,
     compare_snapshots,
 )
+from trainparity._state._digest import Digest
 
 #: torch.testing.assert_close's defaults, used only to say that an exact FAIL is rounding-level
 ROUNDING = {
@@ -42,9 +43,48 @@ ROUNDING = {
 }
 
 
+#: why a check of ranks that do not hold the reference's model judges nothing
+NOT_REPLICAS = ("The check compares every rank's whole model (a DTensor's shards gathered) with the one-process "
+                "reference's, so ranks that hold parts of it, as pipeline stages (torch.distributed.pipelining) or "
+                "parameters sharded by hand, cannot be judged: pipeline parallelism is not supported yet, and a "
+                "tensor-parallel shard must be a DTensor.")
+
+
+def _shapes(parameters: dict[str, Leaf]) -> dict[str, tuple[int, ...] | None]:
+    return {path: tuple(leaf.shape) if isinstance(leaf, (torch.Tensor, Digest)) else None
+            for path, leaf in parameters.items()}
+
+
+def _listed(paths: list[str], limit: int = 3) -> str:
+    return ", ".join(paths[:limit]) + (f" ({len(paths)} in all)" if len(paths) > limit else "")
+
+
+def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str | None:
+    """How the first rank whose parameters (by path and shape, after its first step) are not the reference's
+    differs from it; None when every rank holds the reference's model."""
+    if not reference.steps:
+        return None
+    expected = _shapes(reference.steps[0].parameters)
+    for rank, trace in enumerate(ranks):
+        actual = _shapes(trace.steps[0].parameters) if trace.steps else expected
+        if actual == expected:
+            continue
+        missing, extra = sorted(expected.keys() - actual.keys()), sorted(actual.keys() - expected.keys())
+        reshaped = sorted(path for path in expected.keys() & actual.keys() if expected[path] != actual[path])
+        parts = ([f"it lacks {_listed(missing)}"] if missing else []) + (
+            [f"it holds {_listed(extra)}, which the reference does not"] if extra else []) + (
+            [f"{path} is {list(actual[path] or [])} there and {list(expected[path] or [])} in the reference"
+             for path in reshaped[:1]])
+        return f"rank {rank} does not hold the model the reference trains: {'; '.join(parts)}. {NOT_REPLICAS}"
+    return None
+
+
 def judge_data_parallel(
     reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
 ) -> DataParallelResult:
+    difference = layout_difference(reference, ranks)
+    if difference is not None:
+        return DataParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
     world_size = len(ranks)
     violations: list[Violation] = []
     rounding: list[bool] = []
