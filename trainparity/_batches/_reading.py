@@ -16,6 +16,8 @@ import traceback
 import types
 from typing import Any, TypeVar
 
+from torch.utils.data import DataLoader
+
 from trainparity._process._alarm import DeadlinePassed
 from trainparity._process._options import Deadline
 from trainparity._results._result import Result
@@ -73,11 +75,13 @@ def release_frames(error: BaseException) -> None:
 
 
 def start_iterator(iterable: Any) -> Any:
-    """`iter(iterable)`, this process's multiprocessing temporary directory made first: a DataLoader's workers,
-    forked here, share it instead of each making its own (for the socket through which a worker hands over file
-    descriptors). Python removes a process's directory when the process exits; a worker killed at the check's
-    timeout never does, and would leave its directory behind."""
-    multiprocessing.util.get_temp_dir()
+    """`iter(iterable)`; for a DataLoader with worker processes, this process's multiprocessing temporary directory
+    made first: the workers, forked here, share it instead of each making its own (for the socket through which a
+    worker hands over file descriptors). Python removes a process's directory when the process exits; a worker
+    killed at the check's timeout never does, and would leave its directory behind. Only then: a process that ends
+    with `os._exit` (a check's child) would leave the directory itself."""
+    if isinstance(iterable, DataLoader) and iterable.num_workers > 0:
+        multiprocessing.util.get_temp_dir()
     return iter(iterable)
 
 
