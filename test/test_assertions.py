@@ -37,6 +37,7 @@ PAIRS: list[tuple[Callable[..., Any], Callable[..., Any]]] = [
     (tp.assert_mixed_precision_safe, tp.check_mixed_precision),
     (tp.assert_resume_script_equivalent, tp.check_resume_script),
     (tp.assert_runs_equivalent, tp.check_runs_equivalent),
+    (tp.assert_equivalent, tp.check_equivalent),
     (tp.assert_worker_randomness, tp.check_worker_randomness),
 ]
 METHODS = {
@@ -48,6 +49,7 @@ METHODS = {
     tp.assert_mixed_precision_safe: tp.TestCase.assertMixedPrecisionSafe,
     tp.assert_resume_script_equivalent: tp.TestCase.assertResumeScriptEquivalent,
     tp.assert_runs_equivalent: tp.TestCase.assertRunsEquivalent,
+    tp.assert_equivalent: tp.TestCase.assertEquivalent,
     tp.assert_worker_randomness: tp.TestCase.assertWorkerRandomness,
 }
 

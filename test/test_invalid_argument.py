@@ -99,16 +99,24 @@ def test_every_keyword_of_every_check_has_its_option_with_the_checks_default() -
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     checks = _cli.command_checks()
     assert sorted(commands) == sorted(checks)
-    for name, check in checks.items():
+    for name, functions in checks.items():
         options = {action.dest: action for action in commands[name]._actions}
-        for keyword, parameter in inspect.signature(check).parameters.items():
-            if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
-                continue
-            if keyword in _cli.EXPRESSED_OTHERWISE:
-                assert keyword not in options, (name, keyword)
-                continue
-            assert keyword in options, f"{name}: check keyword {keyword}= has no option --{keyword.replace('_', '-')}"
-            if parameter.default is inspect.Parameter.empty:
-                assert options[keyword].required, (name, keyword)
-            else:
-                assert options[keyword].default == parameter.default, (name, keyword, options[keyword].default)
+        # a command of two checks (`equivalent`: recipes or commands) leaves a keyword both take at None: each
+        # check keeps its own default
+        shared = set.intersection(*(set(inspect.signature(f).parameters) for f in functions)) \
+            if len(functions) > 1 else set()
+        for check in functions:
+            for keyword, parameter in inspect.signature(check).parameters.items():
+                if parameter.kind is not inspect.Parameter.KEYWORD_ONLY:
+                    continue
+                if keyword in _cli.EXPRESSED_OTHERWISE:
+                    assert keyword not in options, (name, keyword)
+                    continue
+                assert keyword in options, \
+                    f"{name}: check keyword {keyword}= has no option --{keyword.replace('_', '-')}"
+                if keyword in shared:
+                    assert options[keyword].default is None, (name, keyword, options[keyword].default)
+                elif parameter.default is inspect.Parameter.empty:
+                    assert options[keyword].required, (name, keyword)
+                else:
+                    assert options[keyword].default == parameter.default, (name, keyword, options[keyword].default)

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import equivalent_recipes
 import mode_recipes
 import pytest
 import training_recipes
@@ -80,6 +81,9 @@ CHECKS: dict[str, Callable[[], tp.Result]] = {
     "check_runs_equivalent pass": lambda: tp.check_runs_equivalent(script(), script(), steps=3, timeout=120),
     "check_runs_equivalent fail": lambda: tp.check_runs_equivalent(script(), script("--shape", "top"), steps=3,
                                                                    timeout=120),
+    # check_equivalent's results are RunsResults too: a FAIL whose violations carry a cause and whose config a list
+    "check_equivalent fail": lambda: tp.check_equivalent(equivalent_recipes.CheckpointedLM,
+                                                         equivalent_recipes.CheckpointedLM(scale=2.0), steps=1),
     # check_resume_script's results are ResumeResults, whose PASS and FAIL check_resume gives above
     "check_resume_script error": lambda: tp.check_resume_script(
         [sys.executable, "-c", "raise SystemExit('no checkpoint here')"],

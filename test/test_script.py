@@ -155,6 +155,14 @@ def test_accumulating_two_micro_batches_trains_like_the_whole_batch() -> None:
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
+def test_a_script_that_compiles_its_model_is_observed_and_trains_like_eager() -> None:
+    """torch.compile leaves a dead weakref.proxy on the heap, which the search for the script's modules once raised
+    ReferenceError on; aot_eager trains exactly like eager, and the compiled model is named by its own names."""
+    result = tp.check_runs_equivalent(REFERENCE, [*REFERENCE, "--compile", "aot_eager"], steps=2, timeout=120)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
 @pytest.mark.numeric
 def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
     result = tp.check_runs_equivalent(REFERENCE, [*ACCUMULATED, "--fault", "loss_not_scaled"], steps=3,

@@ -12,6 +12,7 @@ from trainparity._assertions import (
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
+    assert_equivalent,
     assert_frozen,
     assert_loss_decreases,
     assert_mixed_precision_safe,
@@ -36,6 +37,7 @@ from trainparity._coverage import (
     check_coverage,
     tag_workers,
 )
+from trainparity._equivalent import check_equivalent
 from trainparity._parallel import check_data_parallel
 from trainparity._preflight import (
     check_frozen,
@@ -106,6 +108,7 @@ __all__ = [
     "assert_accumulation_equivalent",
     "assert_coverage",
     "assert_data_parallel_equivalent",
+    "assert_equivalent",
     "assert_frozen",
     "assert_loss_decreases",
     "assert_mixed_precision_safe",
@@ -120,6 +123,7 @@ __all__ = [
     "check_accumulation",
     "check_coverage",
     "check_data_parallel",
+    "check_equivalent",
     "check_frozen",
     "check_mixed_precision",
     "check_optimizer_coverage",

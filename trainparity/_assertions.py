@@ -25,6 +25,7 @@ from trainparity._accumulation import check_accumulation
 from trainparity._accumulation._run import SplitFunction
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
+from trainparity._equivalent import check_equivalent
 from trainparity._parallel import check_data_parallel
 from trainparity._preflight import (
     check_frozen,
@@ -208,6 +209,7 @@ def assert_runs_equivalent(
     timeout: float = 600.0,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    ignore: str | Sequence[str] | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> RunsResult:
@@ -215,7 +217,29 @@ def assert_runs_equivalent(
     __tracebackhide__ = True
     validate_options(msg, abstain)
     result = check_runs_equivalent(reference, candidate, steps=steps, comparison=comparison, timeout=timeout,
-                                   env=env, cwd=cwd)
+                                   env=env, cwd=cwd, ignore=ignore)
+    return assert_passed(result, msg=msg, abstain=abstain)
+
+
+def assert_equivalent(
+    reference: RecipeSpec,
+    candidate: RecipeSpec,
+    *,
+    steps: int = 4,
+    precision: Precision | None = None,
+    comparison: Comparison | None = None,
+    seed: int = 0,
+    ignore: str | Sequence[str] | None = None,
+    isolation: Isolation | None = None,
+    timeout: float | None = None,
+    msg: Message = None,
+    abstain: Abstain = "fail",
+) -> RunsResult:
+    """`tp.check_equivalent(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+    __tracebackhide__ = True
+    validate_options(msg, abstain)
+    result = check_equivalent(reference, candidate, steps=steps, precision=precision, comparison=comparison,
+                              seed=seed, ignore=ignore, isolation=isolation, timeout=timeout)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

@@ -110,6 +110,8 @@ def _script_options(timeout_help: str = SCRIPT_TIMEOUT_HELP) -> tuple[Option, ..
 
 
 ALL_ISOLATIONS = ("inprocess", "process", "spawn")
+IGNORE_OPTION = Option("ignore", "a glob over State paths not compared, e.g. 'ema.*'; repeat it for several "
+                       "(default: none)", type=None, action="append", metavar="GLOB")
 STEPS_OBSERVED = "calls of step() observed (default: %(default)s)"
 
 
@@ -153,6 +155,9 @@ class CheckCommand:
 
         check: Callable[..., Result] = getattr(tp, self.check)
         return check
+
+    def checks(self) -> list[Callable[..., Result]]:
+        return [self.function()]
 
     def result_type(self) -> type[Result]:
         """What the check returns, as its signature says: the type of an ERROR result made here."""
@@ -207,6 +212,81 @@ class CheckCommand:
         if self.tolerance:
             keywords["comparison"] = _tolerance(args)
         return self.function()(*positional, **keywords)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecipesOrCommands:
+    """One command for two checks of one question: two recipe specs given as positional arguments run `recipes`,
+    `--reference` and `--candidate` commands run `commands`. Its options are both checks' keywords; where both take
+    a keyword, its option defaults to None and each check keeps its own default."""
+
+    recipes: CheckCommand
+    commands: CheckCommand
+
+    @property
+    def name(self) -> str:
+        return self.recipes.name
+
+    def checks(self) -> list[Callable[..., Result]]:
+        return [self.recipes.function(), self.commands.function()]
+
+    @property
+    def shared(self) -> set[str]:
+        """The keywords both checks take: their options default to None, and a check called without them keeps its
+        own default."""
+        return {o.keyword for o in self.recipes.options} & {o.keyword for o in self.commands.options}
+
+    def add_to(self, commands: Any) -> argparse.ArgumentParser:
+        recipes = self.recipes
+        description = (f"{recipes.summary}: `{self.name} REFERENCE CANDIDATE`, each recipe a spec such as "
+                       f"'module:Recipe(checkpointing=True)'; or {self.commands.summary}: `{self.name} --reference "
+                       "COMMAND --candidate COMMAND --steps N`")
+        parser: argparse.ArgumentParser = commands.add_parser(
+            self.name, help=f"{recipes.summary}; or two training commands", description=description,
+            epilog=EXIT_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.set_defaults(command_run=self)
+        parser.add_argument("recipes", nargs="*", metavar="RECIPE", help="the reference and the candidate recipe")
+        parser.add_argument("--json", type=pathlib.Path, metavar="FILE", help=JSON_HELP)
+        parser.add_argument("--rtol", type=float, metavar="R", help="declared relative tolerance (default: exact, or "
+                            "float64 mode's fixed tolerance for recipes)")
+        parser.add_argument("--atol", type=float, metavar="A", help="declared absolute tolerance (default: as --rtol)")
+        shared = self.shared
+        for command in (recipes, self.commands):
+            defaults = {name: parameter.default
+                        for name, parameter in inspect.signature(command.function()).parameters.items()}
+            for option in command.options:
+                if option.keyword in shared and command is self.commands:
+                    continue
+                option.add_to(parser, None if option.keyword in shared else defaults.get(option.keyword))
+        return parser
+
+    def __call__(self, args: argparse.Namespace) -> Result:
+        own = {o.keyword for o in self.commands.options} - {o.keyword for o in self.recipes.options}
+        if args.recipes:
+            given = [f"--{keyword}" for keyword in sorted(own) if getattr(args, keyword) is not None]
+            if len(args.recipes) != 2 or given:
+                raise UsageError(f"give two recipes (the reference and the candidate), got {len(args.recipes)}"
+                                 + (f", and {' and '.join(given)}, which name commands" if given else ""))
+            command = self.recipes
+            specs = [parse_spec(text, command.shape) for text in args.recipes]
+            for key, spec in zip(("reference", "candidate"), specs, strict=True):
+                try:
+                    load_spec(spec)
+                except SpecError:
+                    raise
+                except Exception as error:  # noqa: BLE001 - the user's module raised (a SyntaxError included)
+                    return _errored(command.result_type(), "import", error, {key: spec.text})
+            positional: tuple[Any, ...] = tuple(spec.text for spec in specs)
+        else:
+            missing = [f"--{keyword}" for keyword in ("reference", "candidate", "steps")
+                       if getattr(args, keyword) is None]
+            if missing:
+                raise UsageError(f"give two recipes, or two commands with --reference, --candidate and --steps "
+                                 f"(missing {', '.join(missing)})")
+            command, positional = self.commands, ()
+        keywords = {option.keyword: getattr(args, option.keyword) for option in command.options}
+        keywords = {k: v for k, v in keywords.items() if v is not None or k not in self.shared}
+        return command.function()(*positional, **keywords, comparison=_tolerance(args))
 
 
 def _errored(cls: type[Result], phase: str, error: BaseException, config: dict[str, Any]) -> Result:
@@ -381,16 +461,22 @@ COMMANDS = (
                  arguments=None, description="resume equivalence of an unmodified training script: two "
                  "uninterrupted runs, one ended by a real exit right after the script's own first checkpoint at or "
                  "after --resume-at, and --resume continuing from it"),
-    CheckCommand("equivalent", "two training commands that should train the same, compared optimizer step by step",
-                 "check_runs_equivalent", (
-                     Option("reference", "the command that trains as it should, split like a shell; {workdir} is a "
-                            "fresh directory per run", type=None, required=True, metavar="COMMAND"),
-                     Option("candidate", "the command that should train the same", type=None, required=True,
-                            metavar="COMMAND"),
-                     Option("steps", "optimizer steps compared", required=True),
-                     *_script_options()),
-                 arguments=None, description="two training commands that should train the same (a refactor, "
-                 "another launcher, another accumulation), compared optimizer step by step"),
+    RecipesOrCommands(
+        CheckCommand("equivalent", "two recipes that should train the same (activation checkpointing on and off, "
+                     "compiled and eager), compared step by step", "check_equivalent", (
+                         *_recipe_options(ALL_ISOLATIONS, "inprocess"),
+                         Option("steps", "calls of step() compared (default: %(default)s)"),
+                         _precision(),
+                         IGNORE_OPTION)),
+        CheckCommand("equivalent", "two training commands that should train the same, compared optimizer step by "
+                     "step", "check_runs_equivalent", (
+                         Option("reference", "the command that trains as it should, split like a shell; {workdir} is "
+                                "a fresh directory per run", type=None, metavar="COMMAND"),
+                         Option("candidate", "the command that should train the same", type=None, metavar="COMMAND"),
+                         Option("steps", "optimizer steps compared"),
+                         *_script_options(),
+                         IGNORE_OPTION),
+                     arguments=None)),
     CheckCommand("coverage", "sample coverage: audit the sample IDs ranks read against a policy", "check_coverage",
                  (
                      Option("max_violations", "list at most N violations (default: 1,000,000; the notes count them "
@@ -412,9 +498,9 @@ COMMANDS = (
 )
 
 
-def command_checks() -> dict[str, Callable[..., Result]]:
-    """The check each command runs: its options are the check's keywords, with the check's own defaults."""
-    return {command.name: command.function() for command in COMMANDS}
+def command_checks() -> dict[str, list[Callable[..., Result]]]:
+    """The checks each command runs: its options are the checks' keywords, with the checks' own defaults."""
+    return {command.name: command.checks() for command in COMMANDS}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -439,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     prog = f"python -m trainparity {args.command}"
-    run: CheckCommand = args.command_run
+    run: CheckCommand | RecipesOrCommands = args.command_run
     try:
         if args.json is not None:
             _require_writable(args.json)

@@ -20,6 +20,7 @@ from trainparity._assertions import (
     assert_accumulation_equivalent,
     assert_coverage,
     assert_data_parallel_equivalent,
+    assert_equivalent,
     assert_frozen,
     assert_loss_decreases,
     assert_mixed_precision_safe,
@@ -85,6 +86,7 @@ class TrainParityMixin:
     assertResumeEquivalent = _method(assert_resume_equivalent)
     assertResumeScriptEquivalent = _method(assert_resume_script_equivalent)
     assertRunsEquivalent = _method(assert_runs_equivalent)
+    assertEquivalent = _method(assert_equivalent)
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
     assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)

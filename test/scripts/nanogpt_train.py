@@ -34,6 +34,7 @@ parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--grad_accum", type=int, default=1)
 parser.add_argument("--double", action="store_true")
 parser.add_argument("--checkpoint", default="dict", choices=["dict", "sharded"])
+parser.add_argument("--compile", default="none", choices=["none", "aot_eager"], help="torch.compile's backend")
 args = parser.parse_args()
 
 torch.manual_seed(1337)
@@ -77,6 +78,8 @@ def estimate_loss():
 
 model = TinyLM().double() if args.double else TinyLM()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+if args.compile != "none":  # as nanoGPT does: compiled after the optimizer is made
+    model = torch.compile(model, backend=args.compile)
 iter_num = 0
 batch = None
 resumed_at = None

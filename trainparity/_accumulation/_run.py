@@ -26,7 +26,13 @@ from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, 
 from trainparity._recipe._reference import RecipeRef
 from trainparity._state._compare import EXACT, Comparison, Snapshot
 from trainparity._state._entries import optimizer_named_state_dict
-from trainparity._state._precision import cast_batch, convert_state, require_float64, running_in
+from trainparity._state._precision import (
+    cast_batch,
+    convert_state,
+    require_float64_loss,
+    require_float64_steps,
+    running_in,
+)
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import Digesting, Sharing, flatten, snapshot_rng, snapshot_state
 from trainparity._state._tensors import readable
@@ -70,16 +76,11 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> Acc
         state = require_state(recipe.setup(), recipe, "setup")
         convert_state(state, payload.precision)
 
-        def before_step(entry: str, optimizer: torch.optim.Optimizer) -> None:
-            if payload.precision == "float64":
-                parameters = [p for group in optimizer.param_groups for p in group["params"]]
-                require_float64(iter(parameters), f"a parameter that optimizer '{entry}' steps")
-
         dropout = DropoutOff(state, type(recipe))
         batch_dependent = BatchDependentModules(state, payload.batch_dependent)
         with Observer(state, type(recipe), [dropout, batch_dependent] if payload.disable_dropout else [batch_dependent],
                       record_contributions=payload.microbatches is not None and payload.sample_contributions,
-                      before_step=before_step) as observer:
+                      before_step=require_float64_steps if payload.precision == "float64" else None) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.
             # Compared exactly: large tensors as digests.
             initial, initial_rng = snapshot_state(state, Digesting()), snapshot_rng()
@@ -191,8 +192,8 @@ def _sizes(parts: Sequence[Any]) -> list[int] | None:
 
 def _record_loss(call: CallRecord, returned: Any, where: str, precision: str) -> None:
     value = returned.value if isinstance(returned, LossAccounting) else returned
-    if precision == "float64" and isinstance(value, torch.Tensor):
-        require_float64(iter([value]), f"the loss that {where} returned")
+    if precision == "float64":
+        require_float64_loss(value, where)
     call.loss = loss_value(returned, where)
     if isinstance(returned, LossAccounting):
         call.accounting = True

@@ -1,7 +1,7 @@
-"""The set-up every comparison check (resume, accumulation, data parallel) shares, as the preflight checks share
-`Preflight.prepare`: each check validates its own arguments and states its runs; this resolves the recipe, the
-seed, the precision and the comparison it implies, the isolation and the deadline, starts the config the result
-shows, and turns a run's error into the check's result.
+"""The set-up every comparison check (resume, accumulation, data parallel, equivalent) shares, as the preflight
+checks share `Preflight.prepare`: each check validates its own arguments and states its runs; this resolves the
+recipe, the seed, the precision and the comparison it implies, the isolation and the deadline, starts the config
+the result shows, and turns a run's error into the check's result.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ class ComparisonSetup:
     @classmethod
     def prepare(cls, recipe: RecipeSpec, *, comparison: Comparison | None, precision: object, seed: object,
                 isolation: object, timeout: object, default_isolation: Isolation, backend: str | None = None,
-                shown: dict[str, JsonValue] | None = None) -> ComparisonSetup:
+                shown: dict[str, JsonValue] | None = None, key: str = "recipe") -> ComparisonSetup:
         """Resolve (misuse raises TypeError/ValueError naming the fix) before anything runs. `precision`,
         `isolation` and `timeout` left at None take the session's defaults; `backend`: the runs are worlds of ranks
-        on it, whose isolation follows from it (`world_isolation`); `shown`: the check's own arguments."""
+        on it, whose isolation follows from it (`world_isolation`); `shown`: the check's own arguments; `key`: the
+        recipe's name in the config (`reference` where a check compares two recipes)."""
         ref = resolve_recipe(recipe)
         declared = None if comparison is None else resolve_comparison(comparison)
         chosen_precision = _session.precision(precision)
@@ -52,7 +53,7 @@ class ComparisonSetup:
             isolation, default_isolation)
         valid_seed = check_seed(seed)
         config: dict[str, JsonValue] = {
-            "recipe": ref.name,
+            key: ref.name,
             **(shown or {}),
             "seed": valid_seed,
             "precision": chosen_precision,

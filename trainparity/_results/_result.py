@@ -182,8 +182,9 @@ class MixedPrecisionResult(Result, check="mixed_precision", assertion="tp.assert
     """The result of `tp.check_mixed_precision`."""
 
 
-class RunsResult(Result, check="runs_equivalent", assertion="tp.assert_runs_equivalent"):
-    """The result of `tp.check_runs_equivalent`."""
+class RunsResult(Result, check="runs_equivalent", assertion="tp.assert_equivalent (tp.assert_runs_equivalent for "
+                 "commands)"):
+    """The result of `tp.check_equivalent` (two recipes) and of `tp.check_runs_equivalent` (two commands)."""
 
 
 class FrozenResult(Result, check="frozen", assertion="tp.assert_frozen"):

@@ -11,27 +11,22 @@ RNG streams are not compared: two commands may draw differently and still train 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
-
-from trainparity._accumulation._diagnoses import close, norm
+from trainparity._equivalent._judge import ignored, step_violations
 from trainparity._process import _session
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
 from trainparity._results._result import RunsResult
-from trainparity._results._violation import Outcome, Violation
-from trainparity._resume._trace import RunTrace, StepRecord
+from trainparity._results._violation import Outcome
+from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
-from trainparity._state._compare import Comparison, Leaf, compare_leaves, compare_snapshots, resolve_comparison
-from trainparity._validation import check_int
-
-GRADIENTS = "gradients."
+from trainparity._state._compare import Comparison, resolve_comparison
+from trainparity._validation import check_globs, check_int
 
 
 @_session.recorded
@@ -44,19 +39,22 @@ def check_runs_equivalent(
     timeout: float = 600.0,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
+    ignore: str | Sequence[str] | None = None,
 ) -> RunsResult:
     """Check that `candidate` trains like `reference` for `steps` optimizer steps. Never raises for a FAIL.
 
     Both are commands (a string split like a shell, or a list); `{workdir}` is a fresh directory
     per run. The comparison is exact unless declared: where the candidate sums the batch in
-    another order (accumulation, another batch size), declare a tolerance.
+    another order (accumulation, another batch size), declare a tolerance. `ignore`: globs over State paths
+    not compared (`model.checkpointing`, `ema.*`; a glob that names a path ignores what lies under it).
     """
     reference_command, candidate_command = parse_command(reference, "reference"), parse_command(candidate, "candidate")
     check_int("steps", steps, 1, "optimizer steps")
     declared = resolve_comparison(comparison)
+    ignoring = check_globs(ignore, "ignore", "model.checkpointing") or ()
     deadline = Deadline.after(timeout)
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),
-                              "steps": steps, "comparison": declared.describe()}
+                              "steps": steps, "comparison": declared.describe(), "ignore": list(ignoring)}
     with scratch_directory("trainparity-runs-") as root:
         runs = ScriptRuns(root, deadline, parse_environment(env), cwd)
         job = runs.job
@@ -68,54 +66,19 @@ def check_runs_equivalent(
     if error is not None:
         return RunsResult.errored(error, config)
     expected, again, actual = (o.output for o in outcomes)
-    return judge_runs(expected, again, actual, declared, config)
+    return judge_runs(expected, again, actual, declared, ignoring, config)
 
 
 def judge_runs(reference: RunTrace, repeat: RunTrace, candidate: RunTrace, comparison: Comparison,
-               config: dict[str, Any]) -> RunsResult:
+               ignore: Sequence[str], config: dict[str, Any]) -> RunsResult:
+    def compared(path: str) -> bool:
+        return not ignored(path, ignore)
+
     for first, second in zip(reference.steps, repeat.steps, strict=False):
-        for violation in _step_violations(first, second, comparison):
+        for violation in step_violations(first, second, comparison, compared):
             return RunsResult(Outcome.ABSTAIN, [violation], config=config, reason=(
                 f"the reference is not reproducible: {violation.path} differs between two runs of it at step "
                 f"{violation.step}"))
     violations = [v for e, a in zip(reference.steps, candidate.steps, strict=False)
-                  for v in _step_violations(e, a, comparison)]
+                  for v in step_violations(e, a, comparison, compared)]
     return RunsResult(Outcome.FAIL if violations else Outcome.PASS, violations, config=config)
-
-
-def _step_violations(expected: StepRecord, actual: StepRecord, comparison: Comparison) -> list[Violation]:
-    step = expected.step
-    found = []
-    if expected.sample_ids is not None and actual.sample_ids is not None and \
-            sorted(map(str, expected.sample_ids)) != sorted(map(str, actual.sample_ids)):
-        found.append(Violation("data_mismatch", "data.sample_ids", "The step trained on other samples than the "
-                               "reference's step.", step=step, expected=list(expected.sample_ids),
-                               actual=list(actual.sample_ids)))
-    if expected.loss is not None and actual.loss is not None:
-        loss = compare_leaves(expected.loss, actual.loss, comparison)
-        if loss is not None:
-            found.append(Violation("loss_mismatch", "loss", f"The step's loss differs from the reference's.\n"
-                                   f"{loss.message}", step=step, expected=loss.expected, actual=loss.actual))
-    mismatches = list(compare_snapshots(expected.state, actual.state, comparison))
-    cause = next((c for m in mismatches if m.path.startswith(GRADIENTS)
-                  for c in [_scale_cause(expected.state.get(m.path), actual.state.get(m.path))]), None)
-    found = [dataclasses.replace(v, cause=cause) if v.kind == "loss_mismatch" else v for v in found]
-    for mismatch in mismatches:
-        gradient = mismatch.path.startswith(GRADIENTS)
-        what = "gradients at the optimizer step" if gradient else "state after the step"
-        found.append(Violation("gradient_mismatch" if gradient else "state_mismatch", mismatch.path,
-                               f"The {what} differ from the reference's.\n{mismatch.message}", step=step,
-                               expected=mismatch.expected, actual=mismatch.actual, cause=cause))
-    return found
-
-
-def _scale_cause(expected: Leaf, actual: Leaf) -> str | None:
-    """`loss_not_scaled` when the gradients are k times the reference's (k >= 2), `loss_scaled_twice` at 1/k."""
-    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)) or not norm(expected):
-        return None
-    ratio = norm(actual) / norm(expected)
-    if round(ratio) >= 2 and close(expected * round(ratio), actual):
-        return "loss_not_scaled"
-    if ratio and round(1 / ratio) >= 2 and close(actual * round(1 / ratio), expected):
-        return "loss_scaled_twice"
-    return None

@@ -56,6 +56,15 @@ from trainparity._state._snapshot import Digesting, flatten, snapshot_rng, snaps
 ENVIRONMENT = "TRAINPARITY_SCRIPT"
 
 
+def _is_module(obj: object) -> bool:
+    """`isinstance(obj, nn.Module)`, False for a dead `weakref.proxy` (torch.compile leaves some on the heap), on
+    which isinstance raises ReferenceError."""
+    try:
+        return isinstance(obj, nn.Module)
+    except ReferenceError:
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class ScriptRun:
     """What one run of the script is for."""
@@ -133,7 +142,7 @@ class Recorder:
         optimized = {id(p) for o in self.optimizers for group in o.param_groups for p in group["params"]}
         with warnings.catch_warnings():  # isinstance() on deprecated module attributes warns
             warnings.simplefilter("ignore")
-            modules = [m for m in gc.get_objects() if isinstance(m, nn.Module)]
+            modules = [m for m in gc.get_objects() if _is_module(m)]
         owners = {id(m) for m in modules if any(id(p) in optimized for p in m.parameters(recurse=False))}
         candidates = [m for m in modules if any(id(sub) in owners for sub in m.modules())]
         inner = {id(sub) for m in candidates for sub in m.modules() if sub is not m}

@@ -155,14 +155,21 @@ def has_state_dict(value: Any) -> bool:
 
 
 #: wrappers whose `.module` is the model: paths name the model's own parameters (`fc.weight`, not
-#: `module.fc.weight`), the same in every check and every world size
+#: `module.fc.weight`), the same in every check and every world size (and `is_compiled`'s, by `_orig_mod`)
 WRAPPERS: tuple[type[nn.Module], ...] = (nn.DataParallel, nn.parallel.DistributedDataParallel)
 
 
+def is_compiled(module: object) -> bool:
+    """`torch.compile(model)`'s wrapper (an `OptimizedModule`, told by its name: torch._dynamo is not imported for
+    it), whose `_orig_mod` is the model."""
+    return type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module)
+
+
 def unwrap_module(module: nn.Module) -> nn.Module:
-    """The model inside DataParallel/DistributedDataParallel wrappers."""
-    while isinstance(module, WRAPPERS):
-        module = cast(nn.Module, module.module)
+    """The model inside DataParallel/DistributedDataParallel and torch.compile wrappers: paths never carry their
+    `module.` or `_orig_mod.` prefix."""
+    while isinstance(module, WRAPPERS) or is_compiled(module):
+        module = cast(nn.Module, module._orig_mod if is_compiled(module) else module.module)
     return module
 
 

@@ -109,6 +109,19 @@ def require_float64(tensors: Iterator[torch.Tensor], what: str) -> None:
                                  + FORCED_PRECISION_HINT.format(dtype=str(tensor.dtype).removeprefix("torch.")))
 
 
+def require_float64_steps(entry: str, optimizer: torch.optim.Optimizer) -> None:
+    """An `Observer`'s `before_step` in float64 mode: every parameter the optimizer steps is float64 (a recipe that
+    converts part of its model back to float32 is refused with the hint to run it natively)."""
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    require_float64(iter(parameters), f"a parameter that optimizer '{entry}' steps")
+
+
+def require_float64_loss(value: object, where: str) -> None:
+    """In float64 mode, the loss a recipe's step() returned is float64 where it is a tensor."""
+    if isinstance(value, torch.Tensor):
+        require_float64(iter([value]), f"the loss that {where} returned")
+
+
 def dtype_error_hints(message: str, precision: str) -> list[str]:
     """The notes for an ERROR result: in float64 mode, the hint to pass precision='native' when the error's message
     reads as a dtype clash; none otherwise."""

@@ -1,0 +1,172 @@
+"""The judgement of two runs that should train the same: step by step, in observation order, the samples of the
+step, the loss, the gradients each optimizer stepped on, the State after the step. Shared by `check_equivalent`
+(recipes) and `check_runs_equivalent` (scripts).
+
+Causes are hypotheses tested against what was observed: gradients `k` times the reference's are `loss_not_scaled`,
+`1/k` times `loss_scaled_twice` (as in the accumulation check); the checkpoint causes read the activation-checkpoint
+regions either run entered (`CheckpointRegion`). A step's parameters and optimizer state follow from its gradients:
+where they differ without a cause of their own, they carry the cause of the step's first diagnosed gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Callable, Sequence
+
+import torch
+
+from trainparity._accumulation._diagnoses import close, norm
+from trainparity._equivalent._run import GRADIENTS, EquivalentTrace
+from trainparity._observe._checkpoints import CheckpointRegion
+from trainparity._results._result import RunsResult
+from trainparity._results._violation import JsonValue, Outcome, Violation
+from trainparity._resume._trace import StepRecord
+from trainparity._state._compare import EXACT, Comparison, Leaf, compare_leaves, compare_snapshots
+
+#: a violation, the reference's leaf at its path and the candidate's -> a cause, or None
+Diagnosis = Callable[[Violation, Leaf, Leaf], "str | None"]
+
+
+def ignored(path: str, globs: Sequence[str]) -> bool:
+    """`path` matches one of `globs`, or lies under a path that does (`ema` ignores `ema.fc.weight`)."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(prefix, glob) for glob in globs for prefix in prefixes)
+
+
+def step_violations(expected: StepRecord, actual: StepRecord, comparison: Comparison,
+                    compared: Callable[[str], bool] = lambda path: True,
+                    diagnose: Diagnosis | None = None) -> list[Violation]:
+    """The differences of one step, in observation order, for the paths `compared` keeps."""
+    step = expected.step
+    found = []
+    if expected.sample_ids is not None and actual.sample_ids is not None and \
+            sorted(map(str, expected.sample_ids)) != sorted(map(str, actual.sample_ids)):
+        found.append(Violation("data_mismatch", "data.sample_ids", "The step trained on other samples than the "
+                               "reference's step.", step=step, expected=list(expected.sample_ids),
+                               actual=list(actual.sample_ids)))
+    if expected.loss is not None and actual.loss is not None:
+        loss = compare_leaves(expected.loss, actual.loss, comparison)
+        if loss is not None:
+            found.append(Violation("loss_mismatch", "loss", f"The step's loss differs from the reference's.\n"
+                                   f"{loss.message}", step=step, expected=loss.expected, actual=loss.actual))
+    for mismatch in compare_snapshots(expected.state, actual.state, comparison):
+        if not compared(mismatch.path):
+            continue
+        reference, candidate = expected.state.get(mismatch.path), actual.state.get(mismatch.path)
+        if mismatch.path.startswith(GRADIENTS):
+            kind = "gradient_mismatch"
+            both = mismatch.path in expected.state and mismatch.path in actual.state
+            message = (_missing_gradient(reference, candidate) if both else None) or (
+                f"The gradients at the optimizer step differ from the reference's.\n{mismatch.message}")
+        else:
+            kind, message = "state_mismatch", f"The state after the step differs from the reference's.\n" \
+                f"{mismatch.message}"
+        violation = Violation(kind, mismatch.path, message, step=step, expected=mismatch.expected,
+                              actual=mismatch.actual)
+        cause = _scale_cause(reference, candidate) if kind == "gradient_mismatch" else None
+        cause = cause or (diagnose(violation, reference, candidate) if diagnose is not None else None)
+        found.append(dataclasses.replace(violation, cause=cause))
+    # the loss and the State after the step follow from the step's gradients; a gradient has only its own cause
+    step_cause = next((v.cause for v in found if v.kind == "gradient_mismatch" and v.cause is not None), None)
+    return [dataclasses.replace(v, cause=step_cause) if v.cause is None and v.kind in ("loss_mismatch",
+                                                                                       "state_mismatch") else v
+            for v in found]
+
+
+def _missing_gradient(reference: Leaf, candidate: Leaf) -> str | None:
+    if isinstance(reference, torch.Tensor) and candidate is None:
+        return "The parameter got no gradient at the optimizer step, where the reference's got one."
+    if reference is None and isinstance(candidate, torch.Tensor):
+        return "The parameter got a gradient at the optimizer step, where the reference's got none."
+    return None
+
+
+def _scale_cause(expected: Leaf, actual: Leaf) -> str | None:
+    """`loss_not_scaled` when the gradients are k times the reference's (k >= 2), `loss_scaled_twice` at 1/k."""
+    if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)) or not norm(expected):
+        return None
+    ratio = norm(actual) / norm(expected)
+    if round(ratio) >= 2 and close(expected * round(ratio), actual):
+        return "loss_not_scaled"
+    if ratio and round(1 / ratio) >= 2 and close(actual * round(1 / ratio), expected):
+        return "loss_scaled_twice"
+    return None
+
+
+def checkpoint_cause(regions: Sequence[CheckpointRegion]) -> Diagnosis:
+    """The checkpoint causes, tested against the regions either run entered."""
+
+    def diagnose(violation: Violation, reference: Leaf, candidate: Leaf) -> str | None:
+        if violation.path.startswith(GRADIENTS):
+            parameter = violation.path.removeprefix(GRADIENTS)
+            if (reference is None) != (candidate is None) and any(
+                    r.reentrant and not r.inputs_need_grad and parameter in r.parameters for r in regions):
+                return "checkpoint_without_grad"
+            if any(r.drew_random and not r.preserve_rng_state for r in regions):
+                return "checkpoint_rng_not_preserved"
+            return None
+        if any(violation.path in r.recomputed_buffers for r in regions):
+            return "checkpoint_double_update"
+        return None
+
+    return diagnose
+
+
+def configuration(reference: EquivalentTrace, candidate: EquivalentTrace) -> list[str]:
+    """The paths that differ right after setup() and hold no tensor: how each recipe is configured (a
+    `checkpointing` flag, transformers' `gradient_checkpointing`), not what it trains."""
+    return [m.path for m in compare_snapshots(reference.initial, candidate.initial, EXACT)
+            if not isinstance(reference.initial.get(m.path), torch.Tensor)
+            and not isinstance(candidate.initial.get(m.path), torch.Tensor)]
+
+
+def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, comparison: Comparison,
+                     ignore: Sequence[str], config: dict[str, JsonValue]) -> RunsResult:
+    """The first step at which the candidate trains differently from the reference, or PASS."""
+    configured = configuration(reference, candidate)
+    configured_paths = set(configured)
+
+    def compared(path: str) -> bool:
+        return path not in configured_paths and not ignored(path, ignore)
+
+    notes = _notes(reference, candidate, configured)
+    initial = [Violation("state_mismatch", m.path, f"The State after setup() differs from the reference's: the two "
+                         f"runs do not start alike.\n{m.message}", expected=m.expected, actual=m.actual)
+               for m in compare_snapshots(reference.initial, candidate.initial, comparison) if compared(m.path)]
+    if initial:
+        return RunsResult(Outcome.FAIL, initial, notes, config)
+    diagnose = checkpoint_cause([*reference.regions, *candidate.regions])
+    for expected, actual in zip(reference.steps, candidate.steps, strict=True):
+        violations = step_violations(expected, actual, comparison, compared, diagnose)
+        if violations:
+            if expected.step < len(reference.steps):
+                notes.append(f"Steps after step {expected.step} are not judged: they start from diverged state.")
+            notes += _compiled_note(reference, candidate)
+            return RunsResult(Outcome.FAIL, violations, notes, config)
+    return RunsResult(Outcome.PASS, [], notes, config)
+
+
+def _notes(reference: EquivalentTrace, candidate: EquivalentTrace, configured: list[str]) -> list[str]:
+    notes = []
+    if configured:
+        notes.append(f"Configuration, not compared (it differs between the two recipes right after setup() and "
+                     f"holds no tensor): {', '.join(configured)}.")
+    unobserved = sorted(set(reference.unobserved) | set(candidate.unobserved))
+    if unobserved:
+        notes.append(f"Not compared (nothing of them can be observed): {', '.join(unobserved)}.")
+    for run, trace in (("reference", reference), ("candidate", candidate)):
+        if trace.compiled:
+            notes.append(f"The {run}'s {', '.join(trace.compiled)} is compiled (torch.compile): compared by the "
+                         "model's own parameter names, without `_orig_mod.`.")
+    return notes
+
+
+def _compiled_note(reference: EquivalentTrace, candidate: EquivalentTrace) -> list[str]:
+    """A compiled run that diverges from an eager one: the inductor backend draws its own dropout masks."""
+    if bool(reference.compiled) == bool(candidate.compiled):
+        return []
+    return ["One run is compiled and the other is not: torch.compile's default (inductor) backend draws its own "
+            "dropout masks, so with dropout active the two differ by design. Compare them with dropout off, or "
+            "compile with backend='aot_eager', which draws the eager masks."]
