@@ -58,15 +58,22 @@ class TinyLM(nn.Module):
 
 
 class CheckpointedLM(tp.Recipe):
-    """`checkpointing=True` checkpoints each block; the other switches plant the known ways it goes wrong."""
+    """`checkpointing=True` checkpoints each block, `compile_backend` compiles the model, `evaluate_every` evaluates
+    along the way; the other switches plant the known ways each goes wrong (`evaluation_fault`: "rng" draws the
+    evaluation batch from the global generator, "mode" never calls model.train() again, "ema" swaps averaged
+    weights in and never back)."""
 
     def __init__(self, checkpointing: bool = False, use_reentrant: bool = False, preserve_rng_state: bool = True,
                  freeze_embedding: bool = False, dropout: float = 0.0, batchnorm: bool = False,
-                 compile_backend: str | None = None, scale: float = 1.0) -> None:
+                 compile_backend: str | None = None, scale: float = 1.0, hook_at: int | None = None,
+                 evaluate_every: int | None = None, evaluation_fault: str = "none") -> None:
         self.checkpointing, self.use_reentrant, self.preserve_rng_state = checkpointing, use_reentrant, \
             preserve_rng_state
         self.freeze_embedding, self.dropout, self.batchnorm = freeze_embedding, dropout, batchnorm
-        self.compile_backend, self.scale = compile_backend, scale
+        self.compile_backend, self.scale, self.hook_at = compile_backend, scale, hook_at
+        self.evaluate_every, self.evaluation_fault = evaluate_every, evaluation_fault
+        self.calls = 0
+        self.averaged: dict[str, torch.Tensor] = {}
 
     def setup(self) -> tp.State:
         model = TinyLM(self.dropout, self.batchnorm)
@@ -85,9 +92,28 @@ class CheckpointedLM(tp.Recipe):
             yield torch.randint(0, VOCAB, (BATCH, LENGTH + 1), generator=generator)
 
     def step(self, state: tp.State, batch: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.hook_at:  # a hook that halves the head's output, added after training began
+            head = getattr(state.model, "_orig_mod", state.model).head
+            head.register_forward_hook(lambda module, args, output: output * 0.5)
         logits = state.model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
         (loss * self.scale).backward()
         state.optimizer.step()
         state.optimizer.zero_grad()
+        if self.evaluate_every is not None and self.calls % self.evaluate_every == 0:
+            self.evaluate(state.model)
         return loss.detach()
+
+    def evaluate(self, model: nn.Module) -> float:
+        generator = None if self.evaluation_fault == "rng" else torch.Generator().manual_seed(7)
+        tokens = torch.randint(0, VOCAB, (BATCH, LENGTH + 1), generator=generator)
+        if self.evaluation_fault == "ema":  # the averaged weights swapped in for evaluation, never swapped back
+            self.averaged = self.averaged or {k: v * 0.9 for k, v in model.state_dict().items()}
+            model.load_state_dict(self.averaged)
+        model.eval()
+        with torch.no_grad():
+            logits = model(tokens[:, :-1])
+        if self.evaluation_fault != "mode":
+            model.train()
+        return float(F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)))

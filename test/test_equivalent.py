@@ -97,6 +97,40 @@ def test_a_compiled_model_is_compared_by_its_own_names() -> None:
     assert any("draws its own dropout masks" in note for note in failed.notes), failed.notes
 
 
+def test_a_hook_the_compiled_model_never_runs_is_named() -> None:
+    """Dynamo does not guard module hooks: a forward hook added after the first compiled call is not run."""
+    result = tp.check_equivalent(CheckpointedLM(hook_at=2), CheckpointedLM(hook_at=2, compile_backend="aot_eager"),
+                                 steps=3)
+    assert_expected_inline(first_lines(result, 5), """\
+trainparity runs_equivalent check: FAIL at loss (compile_stale, step 2)
+
+First violation: loss (step 2, kind: loss_mismatch, cause: compile_stale)
+  The step's loss differs from the reference's.""")
+    assert any("model.head: forward hooks 0 -> 1 (at step 2)" in note for note in result.notes), result.notes
+    # added before the first compiled call, the hook is compiled in: the same recipe trains like eager
+    assert tp.check_equivalent(CheckpointedLM(hook_at=1), CheckpointedLM(hook_at=1, compile_backend="aot_eager"),
+                               steps=2).passed
+
+
+@pytest.mark.parametrize(("fault", "step", "seen"), [
+    ("rng", 3, "random numbers drawn (rng.torch differs at the start of step 3)"),
+    ("mode", 3, "a mode left changed (model.training train -> eval after step 2)"),
+    ("ema", 2, "weights left changed (the gradients at step 2 agree, the State after it does not)"),
+])
+def test_an_evaluation_that_changes_training_is_named_with_what_it_left_behind(fault: str, step: int,
+                                                                                seen: str) -> None:
+    result = tp.check_equivalent(CheckpointedLM(dropout=0.1),
+                                 CheckpointedLM(dropout=0.1, evaluate_every=2, evaluation_fault=fault), steps=3)
+    first = result.first_violation
+    assert first is not None and (first.step, first.cause) == (step, "evaluation_changed_training"), result.report()
+    assert any(seen in note for note in result.notes), result.notes
+
+
+def test_an_evaluation_that_restores_what_it_changed_trains_like_none() -> None:
+    result = tp.check_equivalent(CheckpointedLM(dropout=0.1), CheckpointedLM(dropout=0.1, evaluate_every=2), steps=3)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+
+
 def test_ignored_paths_are_not_compared_and_shown_in_the_config() -> None:
     ignore = ["gradients.*", "model", "optimizer"]
     result = tp.check_equivalent(CheckpointedLM, CheckpointedLM(scale=2.0), steps=2, ignore=ignore)

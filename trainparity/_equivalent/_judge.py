@@ -114,6 +114,59 @@ def checkpoint_cause(regions: Sequence[CheckpointRegion]) -> Diagnosis:
     return diagnose
 
 
+def compile_cause(reference: EquivalentTrace, candidate: EquivalentTrace) -> Diagnosis:
+    """`compile_stale`: one run is compiled, the other is not, and a setting of the compiled model had changed since
+    its first call by the step that differs (the eager model saw the change; the compiled code may keep what it
+    captured)."""
+    compiled = reference if reference.compiled else candidate
+    changes = compiled.compiled_changes if bool(reference.compiled) != bool(candidate.compiled) else []
+
+    def diagnose(violation: Violation, expected: Leaf, actual: Leaf) -> str | None:
+        step = violation.step or 0
+        return "compile_stale" if any(change.step <= step for change in changes) else None
+
+    return diagnose
+
+
+def evaluation_effects(reference: EquivalentTrace, candidate: EquivalentTrace,
+                       violations: Sequence[Violation]) -> str | None:
+    """`evaluation_changed_training`: the runs evaluated at different steps before the step that differs, and what
+    the evaluation left behind is seen: random numbers drawn (the global streams differ at the start of a step), a
+    mode left changed (the models' modes differ after a step), weights left changed (the step's gradients agree,
+    the State after it does not). None where the runs evaluated alike or nothing of this is seen."""
+    step = violations[0].step or 0
+    evaluations = [[s for s in trace.evaluated if s <= step] for trace in (reference, candidate)]
+    if evaluations[0] == evaluations[1]:
+        return None
+    seen = []
+    for expected, actual in zip(reference.steps[:step], candidate.steps[:step], strict=True):
+        drawn = next(compare_snapshots(expected.rng, actual.rng, EXACT), None)
+        if drawn is not None:
+            seen.append(f"random numbers drawn ({drawn.path} differs at the start of step {expected.step})")
+            break
+    for expected, actual in zip(reference.steps[:step - 1], candidate.steps[:step - 1], strict=True):
+        modes = [f"{path} {mode} -> {actual.modes[path]}" for path, mode in expected.modes.items()
+                 if actual.modes.get(path, mode) != mode]
+        if modes:
+            seen.append(f"a mode left changed ({', '.join(modes)} after step {expected.step})")
+            break
+    if not any(v.kind == "gradient_mismatch" for v in violations) and any(
+            v.kind == "state_mismatch" for v in violations):
+        seen.append(f"weights left changed (the gradients at step {step} agree, the State after it does not)")
+    if not seen:
+        return None
+    evaluated = ", ".join(f"the {run} at {_steps(steps)}" for run, steps in zip(("reference", "candidate"),
+                                                                                 evaluations, strict=True))
+    return (f"The runs evaluate at different steps ({evaluated}) and the evaluation changed training: "
+            f"{'; '.join(seen)}. An evaluation should draw from its own generator, restore the mode it found "
+            "(model.train() after model.eval()) and the weights it swapped in.")
+
+
+def _steps(steps: list[int]) -> str:
+    """`no step`, `step 2`, `steps 2, 4`."""
+    return f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}" if steps else "no step"
+
+
 def configuration(reference: EquivalentTrace, candidate: EquivalentTrace) -> list[str]:
     """The paths that differ right after setup() and hold no tensor: how each recipe is configured (a
     `checkpointing` flag, transformers' `gradient_checkpointing`), not what it trains."""
@@ -137,13 +190,23 @@ def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, com
                for m in compare_snapshots(reference.initial, candidate.initial, comparison) if compared(m.path)]
     if initial:
         return RunsResult(Outcome.FAIL, initial, notes, config)
-    diagnose = checkpoint_cause([*reference.regions, *candidate.regions])
+    checkpoints, compiling = checkpoint_cause([*reference.regions, *candidate.regions]), compile_cause(reference,
+                                                                                                       candidate)
+
+    def diagnose(violation: Violation, expected: Leaf, actual: Leaf) -> str | None:
+        return checkpoints(violation, expected, actual) or compiling(violation, expected, actual)
+
     for expected, actual in zip(reference.steps, candidate.steps, strict=True):
         violations = step_violations(expected, actual, comparison, compared, diagnose)
         if violations:
+            evaluation = evaluation_effects(reference, candidate, violations)
+            if evaluation is not None:
+                violations = [v if v.cause is not None else dataclasses.replace(v, cause="evaluation_changed_training")
+                              for v in violations]
+                notes.append(evaluation)
             if expected.step < len(reference.steps):
                 notes.append(f"Steps after step {expected.step} are not judged: they start from diverged state.")
-            notes += _compiled_note(reference, candidate)
+            notes += _compiled_notes(reference, candidate, expected.step)
             return RunsResult(Outcome.FAIL, violations, notes, config)
     return RunsResult(Outcome.PASS, [], notes, config)
 
@@ -163,10 +226,17 @@ def _notes(reference: EquivalentTrace, candidate: EquivalentTrace, configured: l
     return notes
 
 
-def _compiled_note(reference: EquivalentTrace, candidate: EquivalentTrace) -> list[str]:
-    """A compiled run that diverges from an eager one: the inductor backend draws its own dropout masks."""
+def _compiled_notes(reference: EquivalentTrace, candidate: EquivalentTrace, step: int) -> list[str]:
+    """A compiled run that diverges from an eager one at `step`: what changed in its model since its first call, or,
+    where nothing did, the dropout masks of the inductor backend."""
     if bool(reference.compiled) == bool(candidate.compiled):
         return []
-    return ["One run is compiled and the other is not: torch.compile's default (inductor) backend draws its own "
-            "dropout masks, so with dropout active the two differ by design. Compare them with dropout off, or "
-            "compile with backend='aot_eager', which draws the eager masks."]
+    compiled = reference if reference.compiled else candidate
+    changes = [f"{change.what} (at step {change.step})" for change in compiled.compiled_changes
+               if change.step <= step]
+    notes = [f"The compiled model changed after its first call: {'; '.join(changes)}. Compiled code keeps what it "
+             "captured at its first call: a hook added later is not run (Dynamo does not guard module hooks by "
+             "default). Make the change before the first compiled call, or compile again after it."] if changes else []
+    return notes or ["One run is compiled and the other is not: torch.compile's default (inductor) backend draws its "
+                     "own dropout masks, so with dropout active the two differ by design. Compare them with dropout "
+                     "off, or compile with backend='aot_eager', which draws the eager masks."]

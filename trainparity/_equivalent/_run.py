@@ -11,17 +11,26 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import torch
 from torch import nn
 
 from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._checkpoints import CheckpointRegion, CheckpointRegions
+from trainparity._observe._hooks import Watch
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import StepEvent
 from trainparity._recipe._recipe import LossAccounting, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._resume._trace import StepRecord
 from trainparity._state._compare import Snapshot
-from trainparity._state._entries import is_compiled, module_modes, state_objects, unobserved_entries
+from trainparity._state._entries import (
+    State,
+    is_compiled,
+    module_modes,
+    state_objects,
+    unobserved_entries,
+    unwrap_module,
+)
 from trainparity._state._precision import (
     cast_batch,
     convert_state,
@@ -30,7 +39,7 @@ from trainparity._state._precision import (
     running_in,
 )
 from trainparity._state._rng import seed_everything
-from trainparity._state._snapshot import flatten, snapshot_state
+from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state
 
 GRADIENTS = "gradients."
 
@@ -46,6 +55,80 @@ class EquivalentPayload:
     precision: str
 
 
+@dataclasses.dataclass(frozen=True)
+class SettingChange:
+    """A setting of a compiled module that differs, at a call of it in `step`, from what it was at its first call
+    (what its compiled code captured): its hooks, its mode, a parameter's requires_grad."""
+
+    step: int
+    #: `model.head: forward hooks 0 -> 1`
+    what: str
+
+
+def _ours(hook: object) -> bool:
+    """A hook this check installed (a watch's), not the recipe's."""
+    function = getattr(hook, "func", hook)  # functools.partial
+    return str(getattr(function, "__module__", "")).startswith("trainparity.")
+
+
+def compiled_settings(state: State) -> dict[str, str]:
+    """What compiled code may have captured of the State's compiled modules, by `<path>: <setting>`: each submodule's
+    hooks (a forward hook added after the first compiled call is not seen: Dynamo does not guard module hooks by
+    default) and mode, each parameter's requires_grad."""
+    settings: dict[str, str] = {}
+    for entry, module in state_objects(state, nn.Module):
+        if not is_compiled(module):
+            continue
+        model = unwrap_module(module)
+        for name, sub in model.named_modules():
+            path = f"{entry}.{name}" if name else entry
+            for kind, hooks in (("forward hooks", sub._forward_hooks), ("forward pre-hooks", sub._forward_pre_hooks),
+                                ("backward hooks", sub._backward_hooks)):
+                settings[f"{path}: {kind}"] = str(sum(1 for hook in hooks.values() if not _ours(hook)))
+            settings[f"{path}: mode"] = "train" if sub.training else "eval"
+        for name, parameter in model.named_parameters():
+            settings[f"{entry}.{name}: requires_grad"] = str(parameter.requires_grad)
+    return settings
+
+
+class ModelCalls(Watch):
+    """Watch: each call of the State's models, in the step it happens in: an evaluation (a call without gradients,
+    or of a model in eval mode), and for a compiled model its settings held against those of its first call."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self.state = state
+        self.models = [module for _, module in state_objects(state, nn.Module)]
+        self.captured: dict[str, str] | None = None
+        self.changes: list[SettingChange] = []
+        #: the steps in which a model was called to evaluate
+        self.evaluated: list[int] = []
+        self.step = 0
+
+    def _install(self) -> None:
+        for model in self.models:
+            self._stack.callback(model.register_forward_pre_hook(self._called).remove)
+
+    def begin_call(self, index: int) -> None:
+        self.step = index + 1
+
+    def _called(self, module: nn.Module, args: object) -> None:
+        evaluating = not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not unwrap_module(
+            module).training
+        if evaluating and self.step not in self.evaluated:
+            self.evaluated.append(self.step)
+        if not is_compiled(module):
+            return
+        now = compiled_settings(self.state)
+        if self.captured is None:
+            self.captured = now
+            return
+        seen = {change.what for change in self.changes}
+        self.changes += [SettingChange(self.step, what) for key, value in now.items()
+                         if key in self.captured and self.captured[key] != value
+                         for what in [f"{key} {self.captured[key]} -> {value}"] if what not in seen]
+
+
 @dataclasses.dataclass
 class EquivalentTrace:
     """One run of the equivalence check."""
@@ -58,6 +141,10 @@ class EquivalentTrace:
     regions: list[CheckpointRegion]
     #: the State's modules that torch.compile wrapped (their paths carry no `_orig_mod.`)
     compiled: list[str]
+    #: what changed in a compiled module after its first call, which its compiled code may not see
+    compiled_changes: list[SettingChange]
+    #: the steps in which a model of the State was called to evaluate (`ModelCalls`)
+    evaluated: list[int]
 
 
 def step_gradients(events: dict[str, list[StepEvent]]) -> Snapshot:
@@ -83,13 +170,19 @@ def equivalent_run(payload: EquivalentPayload, workdir: pathlib.Path) -> Equival
         state = require_state(recipe.setup(), recipe, "setup")
         convert_state(state, payload.precision)
         compiled = [entry for entry, module in state_objects(state, nn.Module) if is_compiled(module)]
-        regions = CheckpointRegions(state)
-        with Observer(state, type(recipe), [regions], before_step=require_float64_steps if float64 else None,
+        if compiled:
+            # Compiled code is cached per function, not per model, and module hooks are not guarded: a model of the
+            # same class compiled earlier in this process would lend this run its graph, hooks and all. Each run
+            # compiles afresh, as in a new process.
+            torch._dynamo.reset()
+        regions, calls = CheckpointRegions(state), ModelCalls(state)
+        with Observer(state, type(recipe), [regions, calls], before_step=require_float64_steps if float64 else None,
                       fingerprint_rng=False) as observer:
             initial = snapshot_state(state)
             steps = []
             with batch_iterator(recipe, state) as batches:
                 for step in range(1, payload.steps + 1):
+                    rng = snapshot_rng()  # before the batch: a batch drawn from another stream follows from it
                     batch = cast_batch(next_batch(batches, recipe, f"step {step}"), payload.precision)
                     ids = normalize_sample_ids(recipe.sample_ids(batch), f"{name}.sample_ids() at step {step}")
                     observer.begin_call(step - 1)
@@ -104,5 +197,6 @@ def equivalent_run(payload: EquivalentPayload, workdir: pathlib.Path) -> Equival
                     loss = loss_value(returned, where)
                     after = step_gradients(observer.take_step_events())
                     after.update(snapshot_state(state))
-                    steps.append(StepRecord(step, {}, ids, loss, after, modes=module_modes(state)))
-    return EquivalentTrace(initial, steps, unobserved_entries(state), regions.regions, compiled)
+                    steps.append(StepRecord(step, rng, ids, loss, after, modes=module_modes(state)))
+    return EquivalentTrace(initial, steps, unobserved_entries(state), regions.regions, compiled,
+                           calls.changes, calls.evaluated)
