@@ -117,3 +117,80 @@ class CheckpointedLM(tp.Recipe):
         if self.evaluation_fault != "mode":
             model.train()
         return float(F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1)))
+
+
+class PackedAttention(nn.Module):
+    """Embeddings by token and position, one causal self-attention layer and a head; the mask lets each position
+    attend to the earlier positions of its own document (`block_diagonal`) or to every earlier position."""
+
+    def __init__(self, block_diagonal: bool) -> None:
+        super().__init__()
+        self.tokens, self.positions = nn.Embedding(VOCAB, WIDTH), nn.Embedding(LENGTH * 4, WIDTH)
+        self.qkv, self.out, self.head = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH), nn.Linear(WIDTH, VOCAB)
+        self.block_diagonal = block_diagonal
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(input_ids) + self.positions(position_ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        length = input_ids.shape[1]
+        mask = torch.ones(length, length, dtype=torch.bool).tril().expand(input_ids.shape[0], length, length)
+        if self.block_diagonal:  # documents start where position_ids restart at 0
+            document = (position_ids == 0).cumsum(dim=1)
+            mask = mask & (document[:, :, None] == document[:, None, :])
+        attended = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], attn_mask=mask[:, None])
+        out: torch.Tensor = self.head(x + self.out(attended[:, 0]))
+        return out
+
+
+class PackedLM(tp.Recipe):
+    """Documents of 2 to 6 tokens, 6 per step: `packed=False` pads each to a row of its own, `packed=True` puts
+    them in one row with position_ids restarting per document, as transformers' DataCollatorWithFlattening does.
+    The loss is the mean over every predicted token in both layouts."""
+
+    def __init__(self, packed: bool = False, block_diagonal: bool = True) -> None:
+        self.packed, self.block_diagonal = packed, block_diagonal
+
+    def setup(self) -> tp.State:
+        model = PackedAttention(self.block_diagonal)
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+    def batches(self, state: tp.State) -> Iterator[dict[str, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(3)
+        index = 0
+        while True:
+            lengths = torch.randint(2, 7, (6,), generator=generator).tolist()
+            documents = [torch.randint(0, VOCAB, (n,), generator=generator) for n in lengths]
+            ids = torch.arange(index, index + len(documents))
+            index += len(documents)
+            yield self.pack(documents, ids) if self.packed else self.pad(documents, ids)
+
+    @staticmethod
+    def pad(documents: list[torch.Tensor], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        width = max(len(d) for d in documents)
+        input_ids = torch.zeros(len(documents), width, dtype=torch.long)
+        labels = torch.full((len(documents), width), -100)
+        for row, document in enumerate(documents):
+            input_ids[row, :len(document)] = document
+            labels[row, :len(document) - 1] = document[1:]
+        position_ids = torch.arange(width).expand(len(documents), width)
+        return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels, "ids": ids}
+
+    @staticmethod
+    def pack(documents: list[torch.Tensor], ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        labels = [torch.cat([d[1:], torch.tensor([-100])]) for d in documents]  # no label across a document's end
+        return {"input_ids": torch.cat(documents)[None], "labels": torch.cat(labels)[None], "ids": ids,
+                "position_ids": torch.cat([torch.arange(len(d)) for d in documents])[None]}
+
+    def sample_ids(self, batch: dict[str, torch.Tensor]) -> list[int]:
+        ids: list[int] = batch["ids"].tolist()
+        return ids
+
+    def step(self, state: tp.State, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        logits = state.model(batch["input_ids"], position_ids=batch["position_ids"])
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100, reduction="sum") \
+            / labels.ne(-100).sum()
+        loss.backward()
+        state.optimizer.step()
+        state.optimizer.zero_grad()
+        return loss.detach()

@@ -11,11 +11,12 @@ import sys
 import pytest
 import torch
 import torch.utils.checkpoint
-from equivalent_recipes import CheckpointedLM
+from equivalent_recipes import CheckpointedLM, PackedLM
 from expecttest import assert_expected_inline
 
 import trainparity as tp
 from trainparity._equivalent._judge import ignored
+from trainparity._equivalent._packing import documents
 
 pytestmark = pytest.mark.numeric
 
@@ -129,6 +130,25 @@ def test_an_evaluation_that_changes_training_is_named_with_what_it_left_behind(f
 def test_an_evaluation_that_restores_what_it_changed_trains_like_none() -> None:
     result = tp.check_equivalent(CheckpointedLM(dropout=0.1), CheckpointedLM(dropout=0.1, evaluate_every=2), steps=3)
     assert result.outcome is tp.Outcome.PASS, result.report()
+
+
+def test_packed_documents_train_like_padded_ones_and_a_mask_across_them_is_named() -> None:
+    assert tp.check_equivalent(PackedLM, PackedLM(packed=True)).passed
+    result = tp.check_equivalent(PackedLM, PackedLM(packed=True, block_diagonal=False), steps=2)
+    assert_expected_inline(first_lines(result, 4), """\
+trainparity runs_equivalent check: FAIL at loss (cross_document_attention, step 1)
+
+First violation: loss (step 1, kind: loss_mismatch, cause: cross_document_attention)""")
+    assert any("the candidate's row 0: the document at positions 18-19 reads positions 0-17" in note
+               for note in result.notes), result.notes
+
+
+def test_the_packing_probe_reads_documents_from_position_ids_and_cu_seq_lens() -> None:
+    positions = torch.tensor([[0, 1, 2, 0, 1], [0, 1, 2, 3, 4]])
+    assert documents((), {"position_ids": positions}) == [[(0, 3), (3, 5)], [(0, 5)]]
+    assert documents((), {"position_ids": positions[1:]}) is None  # one document per row: nothing packed
+    assert documents((), {"cu_seq_lens_q": torch.tensor([0, 3, 5, 9])}) == [[(0, 3), (3, 5), (5, 9)]]
+    assert documents((torch.zeros(2, 5),), {}) is None
 
 
 def test_ignored_paths_are_not_compared_and_shown_in_the_config() -> None:

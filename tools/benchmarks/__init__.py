@@ -13,6 +13,7 @@ MODULES = {
     "accumulation": "accumulation",
     "coverage": "coverage",
     "data-parallel": "data_parallel",
+    "equivalent": "equivalent",
     "overhead": "overhead",
     "parallel": "parallel",
     "preflight": "preflight",

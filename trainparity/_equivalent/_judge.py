@@ -193,8 +193,12 @@ def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, com
     checkpoints, compiling = checkpoint_cause([*reference.regions, *candidate.regions]), compile_cause(reference,
                                                                                                        candidate)
 
+    reads = [f"the {run}'s " + "; ".join(trace.cross_document.reads) for run, trace in (("reference", reference),
+             ("candidate", candidate)) if trace.cross_document is not None and trace.cross_document.reads]
+
     def diagnose(violation: Violation, expected: Leaf, actual: Leaf) -> str | None:
-        return checkpoints(violation, expected, actual) or compiling(violation, expected, actual)
+        packed = "cross_document_attention" if reads else None
+        return checkpoints(violation, expected, actual) or compiling(violation, expected, actual) or packed
 
     for expected, actual in zip(reference.steps, candidate.steps, strict=True):
         violations = step_violations(expected, actual, comparison, compared, diagnose)
@@ -207,6 +211,10 @@ def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, com
             if expected.step < len(reference.steps):
                 notes.append(f"Steps after step {expected.step} are not judged: they start from diverged state.")
             notes += _compiled_notes(reference, candidate, expected.step)
+            if reads:
+                notes.append(f"Documents packed into one row read each other: {'; '.join(reads)} (a gradient probe "
+                             "over the packed row). Each document's attention must stop at its start: a block-"
+                             "diagonal mask from the position_ids, or the varlen kernels' cu_seq_lens.")
             return RunsResult(Outcome.FAIL, violations, notes, config)
     return RunsResult(Outcome.PASS, [], notes, config)
 

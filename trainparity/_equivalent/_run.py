@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainparity._batches._sample_ids import normalize_sample_ids
+from trainparity._equivalent._packing import cross_document_reads, documents
 from trainparity._observe._checkpoints import CheckpointRegion, CheckpointRegions
 from trainparity._observe._hooks import Watch
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
@@ -91,9 +93,19 @@ def compiled_settings(state: State) -> dict[str, str]:
     return settings
 
 
+@dataclasses.dataclass(frozen=True)
+class CrossDocument:
+    """The packing probe of the first call with packed rows (`_packing.cross_document_reads`)."""
+
+    step: int
+    #: `row 0: the document at positions 5-8 reads positions 0-4, ...`; empty: every document reads only itself
+    reads: list[str]
+
+
 class ModelCalls(Watch):
     """Watch: each call of the State's models, in the step it happens in: an evaluation (a call without gradients,
-    or of a model in eval mode), and for a compiled model its settings held against those of its first call."""
+    or of a model in eval mode); for a compiled model, its settings held against those of its first call; at the
+    first call with packed rows, the probe of what each document reads."""
 
     def __init__(self, state: State) -> None:
         super().__init__()
@@ -103,16 +115,30 @@ class ModelCalls(Watch):
         self.changes: list[SettingChange] = []
         #: the steps in which a model was called to evaluate
         self.evaluated: list[int] = []
+        #: what the probe of the first call with packed rows found (`_packing`)
+        self.cross_document: CrossDocument | None = None
+        self.probing = False
         self.step = 0
 
     def _install(self) -> None:
         for model in self.models:
-            self._stack.callback(model.register_forward_pre_hook(self._called).remove)
+            self._stack.callback(model.register_forward_pre_hook(self._called, with_kwargs=True).remove)
 
     def begin_call(self, index: int) -> None:
         self.step = index + 1
 
-    def _called(self, module: nn.Module, args: object) -> None:
+    def _called(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.probing:  # the probe's own call of the model
+            return
+        if self.cross_document is None:
+            rows = documents(args, kwargs)
+            if rows is not None:
+                self.probing = True
+                try:
+                    self.cross_document = CrossDocument(self.step, cross_document_reads(unwrap_module(module), args,
+                                                                                        kwargs, rows))
+                finally:
+                    self.probing = False
         evaluating = not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not unwrap_module(
             module).training
         if evaluating and self.step not in self.evaluated:
@@ -145,6 +171,8 @@ class EquivalentTrace:
     compiled_changes: list[SettingChange]
     #: the steps in which a model of the State was called to evaluate (`ModelCalls`)
     evaluated: list[int]
+    #: the packing probe, where a model was called with packed rows
+    cross_document: CrossDocument | None
 
 
 def step_gradients(events: dict[str, list[StepEvent]]) -> Snapshot:
@@ -199,4 +227,4 @@ def equivalent_run(payload: EquivalentPayload, workdir: pathlib.Path) -> Equival
                     after.update(snapshot_state(state))
                     steps.append(StepRecord(step, rng, ids, loss, after, modes=module_modes(state)))
     return EquivalentTrace(initial, steps, unobserved_entries(state), regions.regions, compiled,
-                           calls.changes, calls.evaluated)
+                           calls.changes, calls.evaluated, calls.cross_document)
