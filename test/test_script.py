@@ -164,6 +164,17 @@ def test_a_script_that_compiles_its_model_is_observed_and_trains_like_eager() ->
 
 
 @pytest.mark.numeric
+def test_the_checkpointing_switch_of_a_script_is_configuration_not_state() -> None:
+    """transformers-style `model.gradient_checkpointing = True`: a plain attribute that differs at every step and
+    never changes, named in a note; the recomputed MLP trains like the stored one."""
+    result = tp.check_runs_equivalent(REFERENCE, [*REFERENCE, "--checkpointing"], steps=2, comparison=TOLERANCE,
+                                      timeout=120)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.notes == ["Configuration, not compared (it differs between the two commands at every step and "
+                            "holds no tensor): model.gradient_checkpointing."]
+
+
+@pytest.mark.numeric
 def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
     result = tp.check_runs_equivalent(REFERENCE, [*ACCUMULATED, "--fault", "loss_not_scaled"], steps=3,
                                       comparison=TOLERANCE, timeout=120)

@@ -51,6 +51,7 @@ import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
 import stateful_loader  # noqa: E402
 import tp_mlp  # noqa: E402
+import transformations  # noqa: E402
 
 torch.set_num_threads(1)
 # Faulted recipes step the scheduler out of order on purpose; torch warns about it.
@@ -58,8 +59,8 @@ warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\
 # The autocast fault that asks for CUDA on a CPU model: torch warns that it turns the region off.
 warnings.filterwarnings("ignore", message="CUDA is not available")
 
-SURFACES = ("resume", "accumulation", "coverage", "parallel", "frozen", "train-mode", "autocast", "workers",
-            "training")
+SURFACES = ("resume", "accumulation", "coverage", "parallel", "equivalent", "frozen", "train-mode", "autocast",
+            "workers", "training")
 RESUME = {"steps": 8, "resume_at": 3, "timeout": 120.0}
 #: judged in float64 (the default precision) with its fixed tolerance: the same verdict on any CPU
 ACCUMULATION = {"microbatches": 4, "cycles": 2}
@@ -200,6 +201,12 @@ def training(verdicts: str, fault: str | None = None) -> Callable[[], tp.Result]
 
 def training_case(verdicts: str, fault: str | None, models: str, expect: Expect | None = None) -> Case:
     return Case("training", "classifier", f"{fault or 'clean'} ({verdicts})", models, training(verdicts, fault), expect)
+
+
+def equivalent(reference: dict[str, Any], candidate: dict[str, Any]) -> Callable[[], tp.Result]:
+    """`check_equivalent` of two configurations of examples/transformations.py, 4 steps in float64."""
+    return lambda: tp.check_equivalent(transformations.Transformed(**reference),
+                                       transformations.Transformed(**candidate))
 
 
 def restored(path: str) -> Expect:
@@ -379,6 +386,23 @@ CASES = [
     Case("workers", "augment", "persistent_epoch_seed", "persistent workers never see set_epoch: epochs repeat",
          workers(stream=True, fault="persistent_epoch_seed"),
          Expect("dataset.rng", "epoch_rng_repeated", fields=(("epoch", 1),))),
+    # -- equivalent configurations: a switch that must change nothing -------------------------------------------
+    Case("equivalent", "transformations", "clean", "activation checkpointing on (non-reentrant) vs off",
+         equivalent({}, {"checkpointing": True})),
+    Case("equivalent", "transformations", "reentrant_frozen_inputs", transformations.FAULTS["reentrant_frozen_inputs"],
+         equivalent({}, {"checkpointing": True, "fault": "reentrant_frozen_inputs"}),
+         Expect("gradients.blocks.0.*", "checkpoint_without_grad")),
+    Case("equivalent", "transformations", "clean", "torch.compile (aot_eager) vs eager, a hook added in setup()",
+         equivalent({"probe": True}, {"probe": True, "compile_backend": "aot_eager"})),
+    Case("equivalent", "transformations", "hook_after_compile", transformations.FAULTS["hook_after_compile"],
+         equivalent({"probe": True, "fault": "hook_after_compile"},
+                    {"probe": True, "fault": "hook_after_compile", "compile_backend": "aot_eager"}),
+         Expect("loss", "compile_stale", fields=(("step", 2),))),
+    Case("equivalent", "transformations", "clean", "an EMA evaluation every 2 steps vs none",
+         equivalent({}, {"evaluate_every": 2})),
+    Case("equivalent", "transformations", "ema_not_restored", transformations.FAULTS["ema_not_restored"],
+         equivalent({}, {"evaluate_every": 2, "fault": "ema_not_restored"}),
+         Expect("model.*", "evaluation_changed_training", fields=(("step", 2),))),
     # -- training: the loss goes down, one batch is overfit, the updates are healthy ----------------------------
     *(training_case(verdicts, None, "MLP, learned temperature, AdamW, warmup-cosine, float16 GradScaler, clipping")
       for verdicts in TRAINING),
@@ -535,7 +559,8 @@ def document(rows: list[Row], total: float) -> str:
         "a change), data parallel `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
         "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages. Autocast: "
         "`check_mixed_precision(steps=2)`; workers: `check_worker_randomness(epochs=2)`. Training checks: "
-        "`check_training` with the arguments each case names (`TRAINING` in tools/validate.py).",
+        "`check_training` with the arguments each case names (`TRAINING` in tools/validate.py). Equivalent "
+        "configurations: `check_equivalent(reference, candidate)`, 4 steps in float64.",
         "",
     ]
     for surface in SURFACES:

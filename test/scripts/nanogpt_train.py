@@ -19,6 +19,7 @@ import math
 import os
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from trainparity import probe
@@ -35,6 +36,7 @@ parser.add_argument("--grad_accum", type=int, default=1)
 parser.add_argument("--double", action="store_true")
 parser.add_argument("--checkpoint", default="dict", choices=["dict", "sharded"])
 parser.add_argument("--compile", default="none", choices=["none", "aot_eager"], help="torch.compile's backend")
+parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing of the MLP")
 args = parser.parse_args()
 
 torch.manual_seed(1337)
@@ -56,10 +58,15 @@ class TinyLM(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
         self.lm_head = nn.Linear(16, VOCAB, bias=False)
         self.lm_head.weight = self.wte.weight  # tied, as in GPT
+        self.gradient_checkpointing = args.checkpointing  # the flag transformers' models carry
 
     def forward(self, x, y=None):
         h = self.wte(x)
-        logits = self.lm_head(h + self.mlp(h))
+        if self.gradient_checkpointing and self.training:
+            mixed = torch.utils.checkpoint.checkpoint(self.mlp, h, use_reentrant=False)
+        else:
+            mixed = self.mlp(h)
+        logits = self.lm_head(h + mixed)
         loss = None if y is None else nn.functional.cross_entropy(logits.view(-1, VOCAB), y.view(-1))
         return logits, loss
 

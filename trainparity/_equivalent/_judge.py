@@ -175,6 +175,25 @@ def configuration(reference: EquivalentTrace, candidate: EquivalentTrace) -> lis
             and not isinstance(candidate.initial.get(m.path), torch.Tensor)]
 
 
+def steady_settings(reference: Sequence[StepRecord], candidate: Sequence[StepRecord]) -> list[str]:
+    """For two scripts, observed from their first step on: the paths that hold no tensor, keep one value through
+    each run, and differ between the runs: configuration, as `configuration` finds it after a recipe's setup()."""
+    if not reference or not candidate:
+        return []
+    first, other = reference[0].state, candidate[0].state
+    return [path for path, value in first.items()
+            if path in other and not isinstance(value, torch.Tensor) and not isinstance(other[path], torch.Tensor)
+            and compare_leaves(value, other[path], EXACT) is not None
+            and all(record.state.get(path, value) == value for record in reference)
+            and all(record.state.get(path, other[path]) == other[path] for record in candidate)]
+
+
+def configuration_note(paths: Sequence[str], when: str) -> list[str]:
+    """The note naming configuration paths (`when`: where they were found to differ)."""
+    return [f"Configuration, not compared (it differs between the two {when} and holds no tensor): "
+            f"{', '.join(paths)}."] if paths else []
+
+
 def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, comparison: Comparison,
                      ignore: Sequence[str], config: dict[str, JsonValue]) -> RunsResult:
     """The first step at which the candidate trains differently from the reference, or PASS."""
@@ -220,10 +239,7 @@ def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, com
 
 
 def _notes(reference: EquivalentTrace, candidate: EquivalentTrace, configured: list[str]) -> list[str]:
-    notes = []
-    if configured:
-        notes.append(f"Configuration, not compared (it differs between the two recipes right after setup() and "
-                     f"holds no tensor): {', '.join(configured)}.")
+    notes = configuration_note(configured, "recipes right after setup()")
     unobserved = sorted(set(reference.unobserved) | set(candidate.unobserved))
     if unobserved:
         notes.append(f"Not compared (nothing of them can be observed): {', '.join(unobserved)}.")

@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainparity._equivalent._judge import ignored, step_violations
+from trainparity._equivalent._judge import configuration_note, ignored, steady_settings, step_violations
 from trainparity._process import _session
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
@@ -71,8 +71,10 @@ def check_runs_equivalent(
 
 def judge_runs(reference: RunTrace, repeat: RunTrace, candidate: RunTrace, comparison: Comparison,
                ignore: Sequence[str], config: dict[str, Any]) -> RunsResult:
+    configured = set(steady_settings(reference.steps, candidate.steps))
+
     def compared(path: str) -> bool:
-        return not ignored(path, ignore)
+        return not ignored(path, ignore) and path not in configured
 
     for first, second in zip(reference.steps, repeat.steps, strict=False):
         for violation in step_violations(first, second, comparison, compared):
@@ -81,4 +83,5 @@ def judge_runs(reference: RunTrace, repeat: RunTrace, candidate: RunTrace, compa
                 f"{violation.step}"))
     violations = [v for e, a in zip(reference.steps, candidate.steps, strict=False)
                   for v in step_violations(e, a, comparison, compared)]
-    return RunsResult(Outcome.FAIL if violations else Outcome.PASS, violations, config=config)
+    notes = configuration_note(sorted(configured), "commands at every step")
+    return RunsResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config=config)
