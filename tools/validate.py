@@ -49,6 +49,7 @@ import classifier  # noqa: E402
 import cnn  # noqa: E402
 import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
+import packing  # noqa: E402
 import stateful_loader  # noqa: E402
 import tp_mlp  # noqa: E402
 import transformations  # noqa: E402
@@ -403,6 +404,11 @@ CASES = [
     Case("equivalent", "transformations", "ema_not_restored", transformations.FAULTS["ema_not_restored"],
          equivalent({}, {"evaluate_every": 2, "fault": "ema_not_restored"}),
          Expect("model.*", "evaluation_changed_training", fields=(("step", 2),))),
+    Case("equivalent", "packing", "clean", "documents packed into one row (position_ids restarting) vs padded",
+         lambda: tp.check_equivalent(packing.Packing(), packing.Packing(packed=True))),
+    Case("equivalent", "packing", "causal_mask_only", packing.FAULTS["causal_mask_only"],
+         lambda: tp.check_equivalent(packing.Packing(), packing.Packing(packed=True, fault="causal_mask_only")),
+         Expect("loss", "cross_document_attention", fields=(("step", 1),))),
     # -- training: the loss goes down, one batch is overfit, the updates are healthy ----------------------------
     *(training_case(verdicts, None, "MLP, learned temperature, AdamW, warmup-cosine, float16 GradScaler, clipping")
       for verdicts in TRAINING),

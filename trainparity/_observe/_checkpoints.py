@@ -5,8 +5,9 @@ recomputed it.
 
 `checkpoint()` is seen through what it calls, not itself: a model that bound it before the run (transformers keeps
 `functools.partial(checkpoint, ...)` from `gradient_checkpointing_enable()`) calls the same function, which looks
-up `CheckpointFunction` (reentrant) and `_checkpoint_without_reentrant_generator` in its module at each call. Where
-a torch has neither name, nothing is observed and the divergence is reported without a checkpoint cause.
+up `CheckpointFunction` (reentrant) and `_checkpoint_without_reentrant_generator` (`..._impl` from torch 2.15 on)
+in its module at each call. Where a torch has none of these names, nothing is observed and the divergence is
+reported without a checkpoint cause.
 """
 
 from __future__ import annotations
@@ -94,11 +95,17 @@ class CheckpointRegions(Watch):
         self._hooked = False
 
     def _install(self) -> None:
-        module = torch_checkpoint
-        reentrant = getattr(module, "CheckpointFunction", None)
+        reentrant = getattr(torch_checkpoint, "CheckpointFunction", None)
         if reentrant is not None:
             self._replace("CheckpointFunction", reentrant, _Reentrant(reentrant, self))
-        generator = getattr(module, "_checkpoint_without_reentrant_generator", None)
+        # torch 2.15 calls `_checkpoint_without_reentrant_generator_impl(fn, args, kwargs, *, preserve_rng_state)`;
+        # earlier releases `_checkpoint_without_reentrant_generator(fn, preserve_rng_state, ..., *args, **kwargs)`
+        generator = getattr(torch_checkpoint, "_checkpoint_without_reentrant_generator_impl", None)
+        if generator is not None:
+            self._replace("_checkpoint_without_reentrant_generator_impl", generator,
+                          functools.partial(self._non_reentrant_impl, generator))
+            return
+        generator = getattr(torch_checkpoint, "_checkpoint_without_reentrant_generator", None)
         if generator is not None:
             self._replace("_checkpoint_without_reentrant_generator", generator,
                           functools.partial(self._non_reentrant, generator))
@@ -112,6 +119,11 @@ class CheckpointRegions(Watch):
         # checkpoint() runs the region's forward between the generator's first and second step
         with self.region(False, bool(preserve), (*args, *kwargs.values())):
             yield from original(function, preserve, *args, **kwargs)
+
+    def _non_reentrant_impl(self, original: Callable[..., Iterator[None]], function: Any, args: tuple[Any, ...],
+                            kwargs: dict[str, Any], **options: Any) -> Iterator[None]:
+        with self.region(False, bool(options.get("preserve_rng_state", True)), (*args, *kwargs.values())):
+            yield from original(function, args, kwargs, **options)
 
     def _hook_modules(self) -> None:
         """Forward pre-hooks on the State's modules, from the first region on (a run that checkpoints nothing keeps
