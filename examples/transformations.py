@@ -5,7 +5,8 @@ checkpointing the way transformers enables it, torch.compile, and an evaluation 
   parameter-efficient fine-tuning freezes the embeddings, as adapters and LoRA setups do;
 - `gradient_checkpointing_enable(use_reentrant=...)` as transformers writes it: each block gets a
   `gradient_checkpointing` flag, and the model binds `functools.partial(checkpoint, use_reentrant=...)` once;
-- `compile_backend`: `torch.compile(model, backend=...)` after the optimizer is built (as nanoGPT does);
+- `compile_backend`: `torch.compile(model, backend=...)` after the optimizer is built (as nanoGPT does); the
+  default inductor backend draws its own dropout masks, so it is compared with eager at `dropout=0.0`;
   `probe=True`: a forward hook that clips the activations before the head, registered in `setup()`;
 - `evaluate_every`: every k steps, the EMA weights are swapped in, the held-out loss computed under
   `torch.no_grad()` in eval mode, and the training weights swapped back.
@@ -88,15 +89,15 @@ class Transformed(tp.Recipe):
     """Fine-tuning the blocks of a GPT with frozen embeddings, with the switches off by default."""
 
     def __init__(self, checkpointing: bool = False, compile_backend: str | None = None, probe: bool = False,
-                 evaluate_every: int | None = None, fault: str = "none") -> None:
+                 evaluate_every: int | None = None, dropout: float = 0.1, fault: str = "none") -> None:
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; choose from {sorted(FAULTS)}")
         self.checkpointing, self.compile_backend, self.probe = checkpointing, compile_backend, probe
-        self.evaluate_every, self.fault = evaluate_every, fault
+        self.evaluate_every, self.dropout, self.fault = evaluate_every, dropout, fault
         self.calls = 0
 
     def setup(self) -> tp.State:
-        model = GPT()
+        model = GPT(self.dropout)
         for embedding in (model.wte, model.wpe):  # the head is tied to wte: frozen with it
             embedding.requires_grad_(False)
         if self.checkpointing:

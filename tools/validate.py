@@ -395,6 +395,8 @@ CASES = [
          Expect("gradients.blocks.0.*", "checkpoint_without_grad")),
     Case("equivalent", "transformations", "clean", "torch.compile (aot_eager) vs eager, a hook added in setup()",
          equivalent({"probe": True}, {"probe": True, "compile_backend": "aot_eager"})),
+    Case("equivalent", "transformations", "clean", "torch.compile (inductor, C++ kernels) vs eager, dropout off",
+         equivalent({"dropout": 0.0}, {"dropout": 0.0, "compile_backend": "inductor"})),
     Case("equivalent", "transformations", "hook_after_compile", transformations.FAULTS["hook_after_compile"],
          equivalent({"probe": True, "fault": "hook_after_compile"},
                     {"probe": True, "fault": "hook_after_compile", "compile_backend": "aot_eager"}),

@@ -19,7 +19,7 @@ from trainparity._process._engine import Job, first_error, run_jobs
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import RunsResult
-from trainparity._results._violation import Outcome
+from trainparity._results._violation import ChildError, Outcome
 from trainparity._state._compare import Comparison
 from trainparity._validation import check_globs, check_int
 
@@ -71,7 +71,7 @@ def check_equivalent(
                         deadline=setup.deadline, isolation=setup.isolation)
     failed = first_error(outcomes)
     if failed is not None and failed.error is not None:
-        return setup.errored(RunsResult, failed.error, failed.exception)
+        return _errored(setup, failed.error, failed.exception)
     expected, actual = outcomes[0].output, outcomes[1].output
     result = judge_equivalent(expected, actual, setup.judged, ignoring, setup.config)
     if result.outcome is not Outcome.FAIL:
@@ -80,7 +80,7 @@ def check_equivalent(
     del outcomes[1:]
     repeated = run_jobs([job(payload, "reference (repeat)")], deadline=setup.deadline, isolation=setup.isolation)[0]
     if repeated.error is not None:
-        return setup.errored(RunsResult, repeated.error, repeated.exception)
+        return _errored(setup, repeated.error, repeated.exception)
     again: EquivalentTrace = repeated.output
     for first, second in zip(expected.steps, again.steps, strict=True):
         unstable = step_violations(first, second, setup.judged, lambda path: not ignored(path, ignoring))
@@ -88,4 +88,14 @@ def check_equivalent(
             return RunsResult(Outcome.ABSTAIN, unstable[:1], config=setup.config, reason=(
                 f"the reference is not reproducible: {unstable[0].path} differs between two runs of it at step "
                 f"{unstable[0].step}"))
+    return result
+
+
+def _errored(setup: ComparisonSetup, error: ChildError, exception: BaseException | None) -> RunsResult:
+    """The ERROR result; where torch.compile's inductor backend found no C++ compiler, a note says what to do."""
+    result = setup.errored(RunsResult, error, exception)
+    if "InvalidCxxCompiler" in error.message or "C++ compiler" in error.message:
+        result.notes.append("torch.compile's default (inductor) backend needs a C++ compiler on a CPU and found none: "
+                            "install one (gcc or clang), or compile with backend='aot_eager', which runs the same "
+                            "captured graph eagerly and trains exactly like eager.")
     return result
