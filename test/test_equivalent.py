@@ -11,12 +11,15 @@ import sys
 import pytest
 import torch
 import torch.utils.checkpoint
+from data_parallel_recipes import DDPRecipe
 from equivalent_recipes import CheckpointedLM, PackedLM
 from expecttest import assert_expected_inline
+from resume_recipes import ResumeRecipe
 
 import trainparity as tp
-from trainparity._equivalent._judge import ignored
 from trainparity._equivalent._packing import documents
+from trainparity._state._compare import ignored
+from trainparity.quickstarts.accumulation import ForgetsToScale
 
 pytestmark = pytest.mark.numeric
 
@@ -168,6 +171,27 @@ def test_ignored_paths_are_not_compared_and_shown_in_the_config() -> None:
     assert result.config["ignore"] == ignore
     assert ignored("ema.fc.weight", ["ema"]) and ignored("model.fc.weight", ["model.*"])
     assert not ignored("emax.fc", ["ema"]) and not ignored("model.fc.weight", ["model.fc.bias"])
+
+
+IGNORING = {
+    # check, its FAIL without ignore=, the globs that pass over every path it fails at
+    "resume": (lambda **ignore: tp.check_resume(ResumeRecipe(fault="ema"), steps=4, resume_at=2, timeout=60,
+                                                **ignore), ["ema"]),
+    "accumulation": (lambda **ignore: tp.check_accumulation(ForgetsToScale, **ignore),
+                     ["gradients", "parameters", "optimizer.state.*"]),
+    "data_parallel": (lambda **ignore: tp.check_data_parallel(DDPRecipe(fault="grads_summed"), world_size=2, steps=2,
+                                                              **ignore), ["gradients.*", "parameters"]),
+}
+
+
+@pytest.mark.parametrize("check", sorted(IGNORING))
+def test_every_check_that_compares_states_passes_over_ignored_paths(check: str) -> None:
+    run, globs = IGNORING[check]
+    failed = run()
+    assert failed.outcome is tp.Outcome.FAIL and "ignore" not in failed.config, failed.report()
+    assert all(ignored(v.path, globs) for v in failed.violations), [v.path for v in failed.violations]
+    result = run(ignore=globs)
+    assert result.outcome is tp.Outcome.PASS and result.config["ignore"] == globs, result.report()
 
 
 class Unseeded(CheckpointedLM):

@@ -167,6 +167,7 @@ def assert_resume_equivalent(
     resume_world_size: int | None = None,
     backend: str = "gloo",
     precision: Precision | None = None,
+    ignore: str | Sequence[str] | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> ResumeResult:
@@ -175,7 +176,7 @@ def assert_resume_equivalent(
     validate_options(msg, abstain)  # before the check runs: a misspelt option costs no training
     result = check_resume(recipe, steps=steps, resume_at=resume_at, comparison=comparison, seed=seed,
                           isolation=isolation, timeout=timeout, world_size=world_size,
-                          resume_world_size=resume_world_size, backend=backend, precision=precision)
+                          resume_world_size=resume_world_size, backend=backend, precision=precision, ignore=ignore)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 
@@ -256,6 +257,7 @@ def assert_accumulation_equivalent(
     batch_dependent: Literal["fail", "eval"] = "fail",
     isolation: Isolation | None = None,
     timeout: float | None = None,
+    ignore: str | Sequence[str] | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> AccumulationResult:
@@ -264,7 +266,7 @@ def assert_accumulation_equivalent(
     validate_options(msg, abstain)
     result = check_accumulation(recipe, microbatches=microbatches, cycles=cycles, comparison=comparison, seed=seed,
                                 split=split, precision=precision, disable_dropout=disable_dropout,
-                                batch_dependent=batch_dependent, isolation=isolation, timeout=timeout)
+                                batch_dependent=batch_dependent, isolation=isolation, timeout=timeout, ignore=ignore)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 
@@ -297,6 +299,7 @@ def assert_data_parallel_equivalent(
     precision: Precision | None = None,
     timeout: float | None = None,
     isolation: Isolation | None = None,
+    ignore: str | Sequence[str] | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
 ) -> DataParallelResult:
@@ -304,7 +307,7 @@ def assert_data_parallel_equivalent(
     __tracebackhide__ = True
     validate_options(msg, abstain)
     result = check_data_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
-                                 seed=seed, precision=precision, timeout=timeout, isolation=isolation)
+                                 seed=seed, precision=precision, timeout=timeout, isolation=isolation, ignore=ignore)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

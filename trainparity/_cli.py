@@ -364,7 +364,8 @@ COMMANDS = (
                             "ranks (default: %(default)s)"),
                      Option("resume_world_size", "ranks of the resumed run (default: --world-size)", metavar="N"),
                      Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
-                     _precision("default when the world size changes; else native"))),
+                     _precision("default when the world size changes; else native"),
+                     IGNORE_OPTION)),
     CheckCommand("accumulation", "accumulation equivalence: k micro-batches of accumulation against one full-batch "
                  "step", "check_accumulation", (
                      *_recipe_options(ALL_ISOLATIONS, "inprocess"),
@@ -376,14 +377,16 @@ COMMANDS = (
                      _precision(),
                      Option("batch_dependent", "BatchNorm-like layers in training mode: FAIL on the divergence they "
                             "cause (default), or run them in eval mode to judge the loop alone", type=None,
-                            choices=("fail", "eval")))),
+                            choices=("fail", "eval")),
+                     IGNORE_OPTION)),
     CheckCommand("data-parallel", "data-parallel equivalence: real torch.distributed ranks against the same recipe in "
                  "a world of size 1", "check_data_parallel", (
                      *_recipe_options(("process", "spawn"), "process; spawn for nccl"),
                      Option("world_size", "number of ranks (default: %(default)s)"),
                      Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
                      Option("steps", "steps of training compared (default: %(default)s)"),
-                     _precision())),
+                     _precision(),
+                     IGNORE_OPTION)),
     CheckCommand("optimizer-coverage", "optimizer coverage: every trainable parameter in exactly one optimizer group, "
                  "frozen ones in none, every parameter reached by a gradient", "check_optimizer_coverage",
                  (

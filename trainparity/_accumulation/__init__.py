@@ -93,6 +93,7 @@ def check_accumulation(
     batch_dependent: Literal["fail", "eval"] = "fail",
     isolation: Isolation | None = None,
     timeout: float | None = None,
+    ignore: str | Sequence[str] | None = None,
 ) -> AccumulationResult:
     """Check that the recipe's accumulation over micro-batches matches one full-batch step.
 
@@ -114,7 +115,8 @@ def check_accumulation(
     cycles = check_int("cycles", cycles, 1, "windows of k micro-batches compared")
     setup = ComparisonSetup.prepare(recipe, comparison=comparison, precision=precision, seed=seed, isolation=isolation,
                                     timeout=timeout, default_isolation="inprocess",
-                                    shown={"microbatches": json_safe(declared_microbatches), "cycles": cycles})
+                                    shown={"microbatches": json_safe(declared_microbatches), "cycles": cycles},
+                                    ignore=ignore)
     _validate(split, setup.isolation, disable_dropout, batch_dependent)
     _require_accumulation_parameter(recipe, setup.recipe)
     setup = setup.showing({

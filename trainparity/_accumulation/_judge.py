@@ -38,6 +38,8 @@ from trainparity._state._compare import (
     Snapshot,
     compare_leaves,
     compare_snapshots,
+    exact_like,
+    ignored,
 )
 from trainparity._validation import check_misuse
 
@@ -79,7 +81,7 @@ def judge_accumulation(
 ) -> AccumulationResult | ContributionsNeeded:
     """The verdict on two traces, or ContributionsNeeded when a diagnosis needs what the candidate's trace was
     recorded without; raises ValueError when the candidate's batches could not be cut."""
-    different = _different_start(reference, candidate, k, config)
+    different = _different_start(reference, candidate, k, comparison, config)
     if different is not None:
         return different
     for trace in (reference, candidate):
@@ -140,11 +142,12 @@ def judge_accumulation(
                                                       config))
 
 
-def _different_start(reference: AccumulationTrace, candidate: AccumulationTrace, k: int,
+def _different_start(reference: AccumulationTrace, candidate: AccumulationTrace, k: int, comparison: Comparison,
                      config: dict[str, JsonValue]) -> AccumulationResult | None:
     """ABSTAIN when the two runs do not start from the same State and RNG streams: nothing can be judged."""
-    initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, EXACT),
-                              compare_snapshots(reference.initial_rng, candidate.initial_rng, EXACT))
+    exact = exact_like(comparison)
+    initial = itertools.chain(compare_snapshots(reference.initial, candidate.initial, exact),
+                              compare_snapshots(reference.initial_rng, candidate.initial_rng, exact))
     for mismatch in initial:
         violation = Violation("initial_state_mismatch", mismatch.path, mismatch.message, expected=mismatch.expected,
                               actual=mismatch.actual)
@@ -429,6 +432,8 @@ class WindowJudgement:
             for ref_event, cand_event in zip(self.ref.steps[entry], self.cand.steps[entry], strict=True):
                 mismatches = []
                 for name, expected in ref_event.grads.items():
+                    if ignored(f"gradients.{name}", self.comparison.ignore):
+                        continue
                     mismatch = compare_leaves(expected, cand_event.grads.get(name), self.comparison)
                     if mismatch is not None:
                         mismatches.append((name, mismatch))
@@ -514,7 +519,7 @@ class WindowJudgement:
             for ref_event, cand_event in zip(self.ref.steps[entry], self.cand.steps[entry], strict=True):
                 for group, (expected, actual) in enumerate(zip(ref_event.lr, cand_event.lr, strict=True)):
                     mismatch = compare_leaves(expected, actual, self.comparison)
-                    if mismatch is None:
+                    if mismatch is None or ignored(f"{entry}.param_groups.{group}.lr", self.comparison.ignore):
                         continue
                     used = (f"Observed: optimizer '{entry}' stepped with learning rates {_numbers(cand_event.lr)} "
                             f"where the reference used {_numbers(ref_event.lr)}.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainparity._equivalent._judge import ignored, judge_equivalent, step_violations
+from trainparity._equivalent._judge import judge_equivalent, step_violations
 from trainparity._equivalent._run import EquivalentPayload, EquivalentTrace
 from trainparity._process import _session
 from trainparity._process._comparing import ComparisonSetup
@@ -20,8 +20,8 @@ from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec, resolve_recipe
 from trainparity._results._result import RunsResult
 from trainparity._results._violation import ChildError, Outcome
-from trainparity._state._compare import Comparison
-from trainparity._validation import check_globs, check_int
+from trainparity._state._compare import Comparison, ignored
+from trainparity._validation import check_int
 
 __all__ = ["check_equivalent"]
 
@@ -56,11 +56,11 @@ def check_equivalent(
     """
     candidate_ref = resolve_recipe(candidate)
     steps = check_int("steps", steps, 1, "calls of step() compared")
-    ignoring = check_globs(ignore, "ignore", "ema.*") or ()
     setup = ComparisonSetup.prepare(reference, comparison=comparison, precision=precision, seed=seed,
                                     isolation=isolation, timeout=timeout, default_isolation="inprocess",
-                                    key="reference",
-                                    shown={"candidate": candidate_ref.name, "steps": steps, "ignore": list(ignoring)})
+                                    key="reference", shown={"candidate": candidate_ref.name, "steps": steps},
+                                    ignore=ignore)
+    ignoring = setup.judged.ignore
 
     def job(recipe: EquivalentPayload, phase: str) -> Job:
         return Job(TASK, recipe, phase, record=EquivalentTrace, workdir=False)

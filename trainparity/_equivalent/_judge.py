@@ -11,7 +11,6 @@ where they differ without a cause of their own, they carry the cause of the step
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from collections.abc import Callable, Sequence
 
 import torch
@@ -22,17 +21,10 @@ from trainparity._observe._checkpoints import CheckpointRegion
 from trainparity._results._result import RunsResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
 from trainparity._resume._trace import StepRecord
-from trainparity._state._compare import EXACT, Comparison, Leaf, compare_leaves, compare_snapshots
+from trainparity._state._compare import EXACT, Comparison, Leaf, compare_leaves, compare_snapshots, ignored
 
 #: a violation, the reference's leaf at its path and the candidate's -> a cause, or None
 Diagnosis = Callable[[Violation, Leaf, Leaf], "str | None"]
-
-
-def ignored(path: str, globs: Sequence[str]) -> bool:
-    """`path` matches one of `globs`, or lies under a path that does (`ema` ignores `ema.fc.weight`)."""
-    parts = path.split(".")
-    prefixes = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
-    return any(fnmatch.fnmatchcase(prefix, glob) for glob in globs for prefix in prefixes)
 
 
 def step_violations(expected: StepRecord, actual: StepRecord, comparison: Comparison,

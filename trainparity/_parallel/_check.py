@@ -61,6 +61,7 @@ def check_data_parallel(
     precision: _session.Precision | None = None,
     timeout: float | None = None,
     isolation: Isolation | None = None,
+    ignore: str | Sequence[str] | None = None,
 ) -> DataParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
 
@@ -79,7 +80,8 @@ def check_data_parallel(
     world_size, backend, steps = _validate(world_size, backend, steps)
     setup = ComparisonSetup.prepare(recipe, comparison=comparison, precision=precision, seed=seed, isolation=isolation,
                                     timeout=timeout, default_isolation="process", backend=backend,
-                                    shown={"world_size": world_size, "backend": backend, "steps": steps})
+                                    shown={"world_size": world_size, "backend": backend, "steps": steps},
+                                    ignore=ignore)
     with scratch_directory("trainparity-dp-") as scratch:
         def job(rank: int, size: int, tag: str) -> Job:
             payload = RankPayload(setup.recipe, setup.seed, steps, backend, rank, size, tag, str(scratch),

@@ -6,7 +6,8 @@ first violation lands on the most specific cause.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,9 +29,11 @@ from trainparity._state._compare import (
     ExactComparison,
     Leaf,
     Mismatch,
+    Snapshot,
     ToleranceComparison,
     compare_leaves,
     compare_snapshots,
+    ignored,
 )
 from trainparity._state._digest import Digest
 
@@ -115,24 +118,24 @@ def judge_data_parallel(
         first = observed[0]
         step_cause = None if partial is None else TP_PARTIAL
         for rank, other in enumerate(observed[1:], start=1):
-            for m in compare_snapshots(first.gradients, other.gradients, comparison):
+            for m in compared(first.gradients, other.gradients, "gradients", comparison):
                 reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group)
                 step_cause = step_cause or reason
                 found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
                               first.gradients.get(m.path), other.gradients.get(m.path)))
-        for m in compare_snapshots(expected.gradients, first.gradients, comparison):
+        for m in compared(expected.gradients, first.gradients, "gradients", comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
             cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause)
             step_cause = cause
             found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
         for rank, other in enumerate(observed[1:], start=1):
-            for m in compare_snapshots(first.parameters, other.parameters, comparison):
+            for m in compared(first.parameters, other.parameters, "parameters", comparison):
                 found.append((_violation("replica_mismatch", "replicas", m, step, rank,
                                          TP_PARTIAL if step_cause == TP_PARTIAL else "grads_not_synchronized",
                                          f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas "
                                          "drifted apart."),
                               first.parameters.get(m.path), other.parameters.get(m.path)))
-        for m in compare_snapshots(expected.parameters, first.parameters, comparison):
+        for m in compared(expected.parameters, first.parameters, "parameters", comparison):
             found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
                                      "Rank 0's parameters after the step differ from the reference's."),
                           expected.parameters.get(m.path), first.parameters.get(m.path)))
@@ -170,6 +173,14 @@ def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, bat
             "with nn.SyncBatchNorm.convert_sync_batchnorm(model).")
     return step_cause, ("Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a "
                         "world of size 1).")
+
+
+def compared(expected: Snapshot, actual: Snapshot, root: str, comparison: Comparison) -> Iterator[Mismatch]:
+    """`compare_snapshots` of snapshots keyed by name under `root` (`gradients`, `parameters`), passing over the
+    paths (`<root>.<name>`) the comparison ignores."""
+    for mismatch in compare_snapshots(expected, actual, dataclasses.replace(comparison, ignore=())):
+        if not ignored(f"{root}.{mismatch.path}", comparison.ignore):
+            yield mismatch
 
 
 def _violation(

@@ -17,7 +17,7 @@ from trainparity._results._result import Result
 from trainparity._results._violation import ChildError, JsonValue
 from trainparity._state._compare import Comparison, resolve_comparison
 from trainparity._state._precision import describe_comparison, dtype_error_hints, effective_comparison
-from trainparity._validation import check_seed
+from trainparity._validation import check_globs, check_seed
 
 R = TypeVar("R", bound=Result)
 
@@ -31,7 +31,8 @@ class ComparisonSetup:
     precision: _session.Precision
     #: the comparison the user declared; None where the precision decides (`effective_comparison`)
     declared: Comparison | None
-    #: what the runs are judged with: the declared comparison, else the precision's own
+    #: what the runs are judged with: the declared comparison, else the precision's own, passing over the ignored
+    #: paths
     judged: Comparison
     isolation: Isolation
     deadline: Deadline
@@ -41,17 +42,20 @@ class ComparisonSetup:
     @classmethod
     def prepare(cls, recipe: RecipeSpec, *, comparison: Comparison | None, precision: object, seed: object,
                 isolation: object, timeout: object, default_isolation: Isolation, backend: str | None = None,
-                shown: dict[str, JsonValue] | None = None, key: str = "recipe") -> ComparisonSetup:
+                shown: dict[str, JsonValue] | None = None, key: str = "recipe",
+                ignore: object = None) -> ComparisonSetup:
         """Resolve (misuse raises TypeError/ValueError naming the fix) before anything runs. `precision`,
         `isolation` and `timeout` left at None take the session's defaults; `backend`: the runs are worlds of ranks
         on it, whose isolation follows from it (`world_isolation`); `shown`: the check's own arguments; `key`: the
-        recipe's name in the config (`reference` where a check compares two recipes)."""
+        recipe's name in the config (`reference` where a check compares two recipes); `ignore`: globs over State paths
+        the comparison passes over (`Comparison.ignore`)."""
         ref = resolve_recipe(recipe)
         declared = None if comparison is None else resolve_comparison(comparison)
         chosen_precision = _session.precision(precision)
         chosen_isolation = world_isolation(isolation, backend) if backend is not None else _session.isolation(
             isolation, default_isolation)
         valid_seed = check_seed(seed)
+        ignoring = check_globs(ignore, "ignore", "ema.*") or ()
         config: dict[str, JsonValue] = {
             key: ref.name,
             **(shown or {}),
@@ -59,9 +63,11 @@ class ComparisonSetup:
             "precision": chosen_precision,
             "comparison": describe_comparison(declared, chosen_precision),
             "isolation": chosen_isolation,
+            **({"ignore": list(ignoring)} if ignoring else {}),  # shown where given
         }
-        return cls(ref, valid_seed, chosen_precision, declared, effective_comparison(declared, chosen_precision),
-                   chosen_isolation, Deadline.after(_session.timeout(timeout)), config)
+        judged = dataclasses.replace(effective_comparison(declared, chosen_precision), ignore=ignoring)
+        return cls(ref, valid_seed, chosen_precision, declared, judged, chosen_isolation,
+                   Deadline.after(_session.timeout(timeout)), config)
 
     def showing(self, more: dict[str, JsonValue]) -> ComparisonSetup:
         """This set-up with `more` shown in its config, after what `prepare` put there (arguments that could only be

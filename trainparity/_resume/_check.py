@@ -12,6 +12,7 @@ sample IDs, the loss and the State after the step against the baseline.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from trainparity._process import _session
@@ -74,6 +75,7 @@ def check_resume(
     resume_world_size: int | None = None,
     backend: str = "gloo",
     precision: _session.Precision | None = None,
+    ignore: str | Sequence[str] | None = None,
 ) -> ResumeResult:
     """Check that saving at `resume_at`, exiting, loading in a fresh process and continuing
     reproduces `steps` steps of uninterrupted training. Never raises for a FAIL.
@@ -103,7 +105,7 @@ def check_resume(
         shown.update(world_size=world_size, resume_world_size=resume_world_size, backend=backend)
     setup = ComparisonSetup.prepare(
         recipe, comparison=comparison, seed=seed, isolation=isolation, timeout=timeout, default_isolation="process",
-        backend=backend if ranked else None, shown=shown,
+        backend=backend if ranked else None, shown=shown, ignore=ignore,
         # another world size reduces in another order, which changes the rounding: the session's default
         precision="native" if precision is None and world_size == resume_world_size else precision)
     if world_size != resume_world_size:

@@ -17,7 +17,14 @@ from trainparity._batches._sample_ids import SampleIds, normalize_sample_ids
 from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
-from trainparity._state._compare import EXACT, Comparison, Mismatch, Snapshot, compare_leaves, compare_snapshots
+from trainparity._state._compare import (
+    Comparison,
+    Mismatch,
+    Snapshot,
+    compare_leaves,
+    compare_snapshots,
+    exact_like,
+)
 from trainparity._state._entries import State, module_modes, unobserved_entries
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
@@ -156,7 +163,7 @@ class StepDifference:
 def diff_steps(expected: StepRecord, actual: StepRecord, comparison: Comparison) -> Iterator[StepDifference]:
     """Differences of one step in observation order: RNG at the start, sample IDs, the modules' modes (what the
     step's forward passes ran in, as far as the mode after the step tells), loss, state after."""
-    for mismatch in compare_snapshots(expected.rng, actual.rng, EXACT):
+    for mismatch in compare_snapshots(expected.rng, actual.rng, exact_like(comparison)):
         yield StepDifference("rng", mismatch)
     if expected.sample_ids is not None and actual.sample_ids is not None and expected.sample_ids != actual.sample_ids:
         yield StepDifference(

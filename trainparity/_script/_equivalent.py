@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainparity._equivalent._judge import configuration_note, ignored, steady_settings, step_violations
+from trainparity._equivalent._judge import configuration_note, steady_settings, step_violations
 from trainparity._process import _session
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
@@ -25,7 +25,7 @@ from trainparity._results._violation import Outcome
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ScriptRun
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
-from trainparity._state._compare import Comparison, resolve_comparison
+from trainparity._state._compare import Comparison, ignored, resolve_comparison
 from trainparity._validation import check_globs, check_int
 
 
@@ -54,7 +54,8 @@ def check_runs_equivalent(
     ignoring = check_globs(ignore, "ignore", "model.checkpointing") or ()
     deadline = Deadline.after(timeout)
     config: dict[str, Any] = {"reference": shlex.join(reference_command), "candidate": shlex.join(candidate_command),
-                              "steps": steps, "comparison": declared.describe(), "ignore": list(ignoring)}
+                              "steps": steps, "comparison": declared.describe(),
+                              **({"ignore": list(ignoring)} if ignoring else {})}
     with scratch_directory("trainparity-runs-") as root:
         runs = ScriptRuns(root, deadline, parse_environment(env), cwd)
         job = runs.job

@@ -8,9 +8,10 @@ returns one `Mismatch` per differing path; callers turn them into Violations.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import torch
@@ -33,6 +34,9 @@ class ExactComparison:
     resume check; bitwise equality is also what a digest decides on its own.
     """
 
+    #: globs over paths not compared at all (a check's `ignore=`; see `ignored`)
+    ignore: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+
     def allowed(self, dtype: torch.dtype | None) -> tuple[float, float]:
         return 0.0, 0.0
 
@@ -49,6 +53,8 @@ class ToleranceComparison:
 
     rtol: float
     atol: float
+    #: globs over paths not compared at all (a check's `ignore=`; see `ignored`)
+    ignore: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("rtol", "atol"):
@@ -71,6 +77,12 @@ Comparison: TypeAlias = ExactComparison | ToleranceComparison
 EXACT = ExactComparison()
 
 
+def exact_like(comparison: Comparison) -> ExactComparison:
+    """Exact, passing over what `comparison` ignores: for what is compared exactly whatever was declared (RNG
+    streams, the State two runs start from)."""
+    return ExactComparison(ignore=comparison.ignore) if comparison.ignore else EXACT
+
+
 def resolve_comparison(comparison: object) -> Comparison:
     """Validate the user's `comparison=` argument (None means exact)."""
     if comparison is None:
@@ -81,6 +93,15 @@ def resolve_comparison(comparison: object) -> Comparison:
         "comparison= must be tp.ExactComparison() or tp.ToleranceComparison(rtol=..., atol=...), "
         f"got {type(comparison).__name__}; tolerances are declared, never inferred"
     )
+
+
+def ignored(path: str, globs: Sequence[str]) -> bool:
+    """`path` matches one of `globs`, or lies under a path that does (`ema` ignores `ema.fc.weight`)."""
+    if not globs:
+        return False
+    parts = path.split(".")
+    prefixes = [".".join(parts[:end]) for end in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatchcase(prefix, glob) for glob in globs for prefix in prefixes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,8 +388,11 @@ def _filled_elsewhere(path: str, value: Leaf, other: Mapping[str, Leaf]) -> bool
 def compare_snapshots(
     expected: Mapping[str, Leaf], actual: Mapping[str, Leaf], comparison: Comparison
 ) -> Iterator[Mismatch]:
-    """Yield one Mismatch per differing path, in the expected snapshot's order, then extra paths."""
+    """Yield one Mismatch per differing path, in the expected snapshot's order, then extra paths; paths the
+    comparison ignores are passed over."""
     for path, value in expected.items():
+        if comparison.ignore and ignored(path, comparison.ignore):
+            continue
         if path not in actual:
             if not _filled_elsewhere(path, value, actual):
                 yield Mismatch(path, "The entry is missing.", _summary(value), None)
@@ -377,5 +401,6 @@ def compare_snapshots(
         if mismatch is not None:
             yield dataclasses.replace(mismatch, path=path)
     for path, value in actual.items():
-        if path not in expected and not _filled_elsewhere(path, value, expected):
+        if path not in expected and not _filled_elsewhere(path, value, expected) and not (
+                comparison.ignore and ignored(path, comparison.ignore)):
             yield Mismatch(path, "The entry is unexpected.", None, _summary(value))
