@@ -6,7 +6,6 @@ first violation lands on the most specific cause.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ from trainparity._state._compare import (
     compare_leaves,
     compare_snapshots,
     ignored,
+    ignoring,
 )
 from trainparity._state._digest import Digest
 
@@ -178,7 +178,7 @@ def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, bat
 def compared(expected: Snapshot, actual: Snapshot, root: str, comparison: Comparison) -> Iterator[Mismatch]:
     """`compare_snapshots` of snapshots keyed by name under `root` (`gradients`, `parameters`), passing over the
     paths (`<root>.<name>`) the comparison ignores."""
-    for mismatch in compare_snapshots(expected, actual, dataclasses.replace(comparison, ignore=())):
+    for mismatch in compare_snapshots(expected, actual, ignoring(comparison, ())):
         if not ignored(f"{root}.{mismatch.path}", comparison.ignore):
             yield mismatch
 

@@ -15,7 +15,7 @@ from trainparity._process._world import world_isolation
 from trainparity._recipe._reference import RecipeRef, RecipeSpec, resolve_recipe
 from trainparity._results._result import Result
 from trainparity._results._violation import ChildError, JsonValue
-from trainparity._state._compare import Comparison, resolve_comparison
+from trainparity._state._compare import Comparison, ignoring, resolve_comparison
 from trainparity._state._precision import describe_comparison, dtype_error_hints, effective_comparison
 from trainparity._validation import check_globs, check_seed
 
@@ -55,7 +55,7 @@ class ComparisonSetup:
         chosen_isolation = world_isolation(isolation, backend) if backend is not None else _session.isolation(
             isolation, default_isolation)
         valid_seed = check_seed(seed)
-        ignoring = check_globs(ignore, "ignore", "ema.*") or ()
+        globs = check_globs(ignore, "ignore", "ema.*") or ()
         config: dict[str, JsonValue] = {
             key: ref.name,
             **(shown or {}),
@@ -63,9 +63,9 @@ class ComparisonSetup:
             "precision": chosen_precision,
             "comparison": describe_comparison(declared, chosen_precision),
             "isolation": chosen_isolation,
-            **({"ignore": list(ignoring)} if ignoring else {}),  # shown where given
+            **({"ignore": list(globs)} if globs else {}),  # shown where given
         }
-        judged = dataclasses.replace(effective_comparison(declared, chosen_precision), ignore=ignoring)
+        judged = ignoring(effective_comparison(declared, chosen_precision), globs)
         return cls(ref, valid_seed, chosen_precision, declared, judged, chosen_isolation,
                    Deadline.after(_session.timeout(timeout)), config)
 

@@ -12,7 +12,7 @@ import fnmatch
 import math
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import torch
 
@@ -34,8 +34,8 @@ class ExactComparison:
     resume check; bitwise equality is also what a digest decides on its own.
     """
 
-    #: globs over paths not compared at all (a check's `ignore=`; see `ignored`)
-    ignore: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    #: globs over paths not compared at all: a check's `ignore=`, set by `ignoring` (not a constructor argument)
+    ignore: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False)
 
     def allowed(self, dtype: torch.dtype | None) -> tuple[float, float]:
         return 0.0, 0.0
@@ -53,8 +53,8 @@ class ToleranceComparison:
 
     rtol: float
     atol: float
-    #: globs over paths not compared at all (a check's `ignore=`; see `ignored`)
-    ignore: tuple[str, ...] = dataclasses.field(default=(), kw_only=True)
+    #: globs over paths not compared at all: a check's `ignore=`, set by `ignoring` (not a constructor argument)
+    ignore: tuple[str, ...] = dataclasses.field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("rtol", "atol"):
@@ -74,13 +74,21 @@ class ToleranceComparison:
 
 
 Comparison: TypeAlias = ExactComparison | ToleranceComparison
+C = TypeVar("C", bound=ExactComparison | ToleranceComparison)
 EXACT = ExactComparison()
+
+
+def ignoring(comparison: C, globs: Sequence[str]) -> C:
+    """`comparison` passing over the paths `globs` match (`ignored`)."""
+    copy = dataclasses.replace(comparison)
+    object.__setattr__(copy, "ignore", tuple(globs))  # frozen, and not a constructor argument
+    return copy
 
 
 def exact_like(comparison: Comparison) -> ExactComparison:
     """Exact, passing over what `comparison` ignores: for what is compared exactly whatever was declared (RNG
     streams, the State two runs start from)."""
-    return ExactComparison(ignore=comparison.ignore) if comparison.ignore else EXACT
+    return ignoring(EXACT, comparison.ignore) if comparison.ignore else EXACT
 
 
 def resolve_comparison(comparison: object) -> Comparison:
