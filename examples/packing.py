@@ -57,7 +57,8 @@ class Block(nn.Module):
         q, k, v = (t.view(batch, length, HEADS, -1).transpose(1, 2) for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.proj(attended.transpose(1, 2).reshape(batch, length, WIDTH))
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class TinyLM(nn.Module):
@@ -114,7 +115,7 @@ class Packing(tp.Recipe):
         labels = batch["labels"][:, 1:]
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100,
                                reduction="sum") / labels.ne(-100).sum()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         return loss.detach()

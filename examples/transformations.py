@@ -53,7 +53,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
         x = x + self.attention(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class GPT(nn.Module):
@@ -70,7 +71,7 @@ class GPT(nn.Module):
         self._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
                                                               use_reentrant=use_reentrant)
         for block in self.blocks:
-            block.gradient_checkpointing = True
+            block.gradient_checkpointing = True  # type: ignore[assignment]  # an nn.Module attribute, not a tensor
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         length = tokens.shape[1]
@@ -121,7 +122,7 @@ class Transformed(tp.Recipe):
         if self.probe and self.fault == "hook_after_compile" and self.calls == 2:
             self.add_probe(model)  # after the first (compiled) call: the compiled model never runs it
         loss = F.cross_entropy(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         state.optimizer.step()
         state.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
@@ -141,6 +142,7 @@ class Transformed(tp.Recipe):
         """Clip the activations before the head. Registered before the model's first compiled call, the hook is
         compiled in; registered later (the fault), the compiled model never runs it."""
         inner = getattr(model, "_orig_mod", model)
+        assert isinstance(inner, GPT)
         inner.ln_f.register_forward_hook(lambda module, args, output: output.clamp(-1.5, 1.5))
 
     def evaluate(self, state: tp.State) -> float:

@@ -21,7 +21,7 @@ from trainparity._equivalent._packing import documents
 from trainparity._state._compare import ignored
 from trainparity.quickstarts.accumulation import ForgetsToScale
 
-pytestmark = pytest.mark.numeric
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 HERE = str(pathlib.Path(__file__).resolve().parent)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainparity._equivalent._judge import judge_equivalent, step_violations
+from trainparity._equivalent._judge import judge_equivalent, not_reproducible
 from trainparity._equivalent._run import EquivalentPayload, EquivalentTrace
 from trainparity._process import _session
 from trainparity._process._comparing import ComparisonSetup
@@ -82,13 +82,9 @@ def check_equivalent(
     if repeated.error is not None:
         return _errored(setup, repeated.error, repeated.exception)
     again: EquivalentTrace = repeated.output
-    for first, second in zip(expected.steps, again.steps, strict=True):
-        unstable = step_violations(first, second, setup.judged, lambda path: not ignored(path, ignoring))
-        if unstable:
-            return RunsResult(Outcome.ABSTAIN, unstable[:1], config=setup.config, reason=(
-                f"the reference is not reproducible: {unstable[0].path} differs between two runs of it at step "
-                f"{unstable[0].step}"))
-    return result
+    unstable = not_reproducible(expected.steps, again.steps, setup.judged, lambda path: not ignored(path, ignoring),
+                                setup.config)
+    return result if unstable is None else unstable
 
 
 def _errored(setup: ComparisonSetup, error: ChildError, exception: BaseException | None) -> RunsResult:

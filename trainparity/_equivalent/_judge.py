@@ -67,6 +67,18 @@ def step_violations(expected: StepRecord, actual: StepRecord, comparison: Compar
             for v in found]
 
 
+def not_reproducible(first: Sequence[StepRecord], second: Sequence[StepRecord], comparison: Comparison,
+                     compared: Callable[[str], bool], config: dict[str, JsonValue]) -> RunsResult | None:
+    """ABSTAIN with the first difference between two runs of the reference, or None where they agree: a FAIL may
+    blame the candidate only once the reference reproduces itself."""
+    for expected, actual in zip(first, second, strict=False):
+        for violation in step_violations(expected, actual, comparison, compared):
+            return RunsResult(Outcome.ABSTAIN, [violation], config=config, reason=(
+                f"the reference is not reproducible: {violation.path} differs between two runs of it at step "
+                f"{violation.step}"))
+    return None
+
+
 def _missing_gradient(reference: Leaf, candidate: Leaf) -> str | None:
     if isinstance(reference, torch.Tensor) and candidate is None:
         return "The parameter got no gradient at the optimizer step, where the reference's got one."

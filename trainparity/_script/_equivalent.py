@@ -16,7 +16,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainparity._equivalent._judge import configuration_note, steady_settings, step_violations
+from trainparity._equivalent._judge import configuration_note, not_reproducible, steady_settings, step_violations
 from trainparity._process import _session
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
@@ -77,11 +77,9 @@ def judge_runs(reference: RunTrace, repeat: RunTrace, candidate: RunTrace, compa
     def compared(path: str) -> bool:
         return not ignored(path, ignore) and path not in configured
 
-    for first, second in zip(reference.steps, repeat.steps, strict=False):
-        for violation in step_violations(first, second, comparison, compared):
-            return RunsResult(Outcome.ABSTAIN, [violation], config=config, reason=(
-                f"the reference is not reproducible: {violation.path} differs between two runs of it at step "
-                f"{violation.step}"))
+    unstable = not_reproducible(reference.steps, repeat.steps, comparison, compared, config)
+    if unstable is not None:
+        return unstable
     violations = [v for e, a in zip(reference.steps, candidate.steps, strict=False)
                   for v in step_violations(e, a, comparison, compared)]
     notes = configuration_note(sorted(configured), "commands at every step")
