@@ -22,7 +22,7 @@ from trainparity._parallel._tensor_parallel import (
 )
 from trainparity._parallel._trace import RankStep, RankTrace
 from trainparity._results._result import DataParallelResult
-from trainparity._results._violation import Outcome, Violation
+from trainparity._results._violation import Outcome, Violation, listed
 from trainparity._state._compare import (
     Comparison,
     ExactComparison,
@@ -58,10 +58,6 @@ def _shapes(parameters: dict[str, Leaf]) -> dict[str, tuple[int, ...] | None]:
             for path, leaf in parameters.items()}
 
 
-def _listed(paths: list[str], limit: int = 3) -> str:
-    return ", ".join(paths[:limit]) + (f" ({len(paths)} in all)" if len(paths) > limit else "")
-
-
 def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str | None:
     """How the first rank whose parameters (by path and shape, after its first step) are not the reference's
     differs from it; None when every rank holds the reference's model."""
@@ -74,8 +70,8 @@ def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str |
             continue
         missing, extra = sorted(expected.keys() - actual.keys()), sorted(actual.keys() - expected.keys())
         reshaped = sorted(path for path in expected.keys() & actual.keys() if expected[path] != actual[path])
-        parts = ([f"it lacks {_listed(missing)}"] if missing else []) + (
-            [f"it holds {_listed(extra)}, which the reference does not"] if extra else []) + (
+        parts = ([f"it lacks {listed(missing, 3)}"] if missing else []) + (
+            [f"it holds {listed(extra, 3)}, which the reference does not"] if extra else []) + (
             [f"{path} is {list(actual[path] or [])} there and {list(expected[path] or [])} in the reference"
              for path in reshaped[:1]])
         return f"rank {rank} does not hold the model the reference trains: {'; '.join(parts)}. {NOT_REPLICAS}"

@@ -36,7 +36,7 @@ from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import OptimizerCoverageResult
-from trainparity._results._violation import Outcome, Violation
+from trainparity._results._violation import Outcome, Violation, listed
 from trainparity._state._entries import State, state_objects, state_parameters, unwrap_module
 
 __all__ = ["check_optimizer_coverage"]
@@ -184,11 +184,6 @@ def _shape(shape: list[int] | None) -> str:
     return "not materialized yet" if shape is None else str(list(shape))
 
 
-def _listed(items: list[str], limit: int = 6) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
-
-
 def _unoptimized(parameter: Parameter) -> bool:
     """Trainable, and neither an optimizer nor averaging updates it; a lazy module's parameter once a forward pass
     gave it values (before, it takes part in nothing: it is judged after the steps)."""
@@ -212,8 +207,8 @@ def _layout_violations(layout: Layout) -> Iterator[Violation]:
         positions: dict[str, list[str]] = {}
         for f in foreign:
             positions.setdefault(f.group, []).append(str(f.position))
-        where = "; ".join(f"{group} positions {_listed(listed)}" for group, listed in positions.items())
-        shapes_text = _listed([_shape(f.shape) for f in foreign])
+        where = "; ".join(f"{group} positions {listed(indices)}" for group, indices in positions.items())
+        shapes_text = listed([_shape(f.shape) for f in foreign])
         message = (f"Optimizer '{entry}' {when}: {which} ({where}; shapes {shapes_text}). Stepping them changes "
                    "nothing the State trains.")
         if sum(matched.values()) == len(foreign):
@@ -279,7 +274,7 @@ def _frozen_findings(trace: CoverageTrace, layouts: list[Layout]) -> tuple[list[
                 "trainable parameters only.", step=stepped[0], cause="frozen_param_optimized"))
         else:
             harmless.append(name)
-    notes = [f"Held but frozen: {_listed(harmless)}: torch's optimizers skip a parameter while its .grad is None; "
+    notes = [f"Held but frozen: {listed(harmless)}: torch's optimizers skip a parameter while its .grad is None; "
              "check_frozen verifies it stays put."] if harmless else []
     return found, notes
 

@@ -36,7 +36,7 @@ from trainparity._process import _session
 from trainparity._process._options import Isolation
 from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import TrainModeResult
-from trainparity._results._violation import Outcome, Violation
+from trainparity._results._violation import Outcome, Violation, listed
 from trainparity._state._entries import module_prefixes
 from trainparity._validation import check_globs, check_misuse
 
@@ -94,11 +94,6 @@ def train_mode_run(payload: TrainModePayload, workdir: pathlib.Path) -> TrainMod
 # -- the judgement (in the parent) ------------------------------------------------------------------
 
 
-def _listed(names: list[str], limit: int = 6) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
-
-
 class _Judge:
     def __init__(self, trace: TrainModeTrace, eval_modules: tuple[str, ...] | None) -> None:
         self.trace, self.eval_modules = trace, eval_modules or ()
@@ -149,14 +144,14 @@ class _Judge:
         culprit = next(iter([*owners, *dropping, *(name for name, _ in ignored_mode), *trained]))
         effects = []
         if forward.buffers:
-            effects.append(f"it updated the buffers {_listed(forward.buffers)}")
+            effects.append(f"it updated the buffers {listed(forward.buffers)}")
         if forward.rng:
-            where = f" (dropout in {_listed(list(dict.fromkeys(name for name, *_ in forward.dropouts)))})" if (
+            where = f" (dropout in {listed(list(dict.fromkeys(name for name, *_ in forward.dropouts)))})" if (
                 forward.dropouts) else ""
             effects.append(f"it drew from torch's RNG stream of training{where}")
         message = f"The forward of '{forward.module}' at step {step} ran {how}"
         if trained:
-            message += f" with modules in train mode ({_listed([self.kind(name) for name in trained])})"
+            message += f" with modules in train mode ({listed([self.kind(name) for name in trained])})"
         message += ": " + " and ".join(effects) + ". "
         for name, function in ignored_mode:
             message += (f"{self.kind(name)} is in eval mode, but its forward called {function} with training=True: "
@@ -196,9 +191,9 @@ class _Judge:
                 found.append(violation)
         if unjudged and not backward:
             notes.append(f"In step {step} no backward pass went through the output of a forward pass of the State's "
-                         f"modules ({_listed(list(dict.fromkeys(unjudged)))}): its passes were not judged.")
+                         f"modules ({listed(list(dict.fromkeys(unjudged)))}): its passes were not judged.")
         elif unjudged:
-            notes.append(f"In step {step} the output of {_listed(list(dict.fromkeys(unjudged)))} holds no tensor that "
+            notes.append(f"In step {step} the output of {listed(list(dict.fromkeys(unjudged)))} holds no tensor that "
                          "requires grad where the check looks (tensors in tuples, lists, dicts and dataclasses): "
                          "whether it built the loss is unknown, and it was not judged.")
         return found
@@ -216,10 +211,10 @@ def judge_train_mode(trace: TrainModeTrace, config: dict[str, Any],
     violations = once_per_path(found)
     dependent = dict.fromkeys(name for record in trace.calls for forward in record.passes for name, _ in forward.modes)
     kinds = [judge.kind(name) for name in dependent]
-    notes.insert(0, f"Modules whose behaviour depends on their mode: {_listed(kinds)}." if kinds else
+    notes.insert(0, f"Modules whose behaviour depends on their mode: {listed(kinds)}." if kinds else
                  "No module of the State read its mode (self.training) in a forward pass: nothing depends on it.")
     if judge.declared_in_eval:
-        notes.append(f"In eval mode as eval_modules declares: {_listed(list(judge.declared_in_eval))}.")
+        notes.append(f"In eval mode as eval_modules declares: {listed(list(judge.declared_in_eval))}.")
     return TrainModeResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 
 from trainparity._records import fields_of, is_record, read
@@ -81,6 +81,13 @@ def json_safe(value: Any) -> JsonValue:
     if callable(tolist):
         return json_safe(tolist())
     return repr(value)
+
+
+def listed(items: Sequence[str], limit: int = 6) -> str:
+    """The first `limit` items, comma-separated, and how many there are in all where some are left out: the one way
+    every report lists names (`fc.weight, fc.bias, ... (9 in all)`)."""
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
 def format_number(value: bool | int | float | None, digits: int = 6, *, missing: str = "None") -> str:
