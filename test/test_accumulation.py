@@ -631,6 +631,18 @@ def test_dropout_off_switches_dropout_off_for_its_time_and_says_what_it_switched
     assert not torch.equal(model(x), model(x))  # undone on exit
 
 
+def test_an_observer_refuses_to_record_forward_passes_with_dropout_off() -> None:
+    """ForwardRecorder names the dropouts that dropped: under DropoutOff it would describe another run."""
+    from trainparity._observe._forwards import ForwardRecorder
+    from trainparity._observe._observer import Observer
+    from trainparity._observe._watches import DropoutOff
+
+    state = tp.State(model=_WithDropoutAndNorm())
+    with pytest.raises(AssertionError, match="observe different runs"):
+        Observer(state, _WithDropoutAndNorm, [ForwardRecorder(state, _WithDropoutAndNorm),
+                                               DropoutOff(state, _WithDropoutAndNorm)])
+
+
 @pytest.mark.parametrize("mode", ["fail", "eval"])
 def test_batch_dependent_modules_names_those_that_ran_in_training_mode_or_runs_them_in_eval(mode: str) -> None:
     from trainparity._observe._watches import BatchDependentModules

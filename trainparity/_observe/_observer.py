@@ -40,6 +40,7 @@ from torch import nn
 from torch.nn.parameter import is_lazy
 
 from trainparity._compat import GradScaler
+from trainparity._observe._forwards import ForwardRecorder
 from trainparity._observe._hooks import (
     HookSet,
     Watch,
@@ -52,6 +53,7 @@ from trainparity._observe._hooks import (
     wrap_method,
 )
 from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEvent
+from trainparity._observe._watches import DropoutOff
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
 
@@ -208,6 +210,10 @@ class Observer(HookSet):
         check_finite: bool = False,
     ) -> None:
         super().__init__()
+        kinds = {type(watch) for watch in watches}
+        # ForwardRecorder names the dropouts that dropped and the draws of each pass: under DropoutOff none drop, and
+        # it would describe another run than the recipe's
+        assert not {ForwardRecorder, DropoutOff} <= kinds, "ForwardRecorder and DropoutOff observe different runs"
         self.state, self.recipe_type, self.watches = state, recipe_type, list(watches)
         self.record_contributions, self.record_grads, self.check_finite = record_contributions, record_grads, \
             check_finite
