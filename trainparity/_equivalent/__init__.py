@@ -60,7 +60,6 @@ def check_equivalent(
                                     isolation=isolation, timeout=timeout, default_isolation="inprocess",
                                     key="reference", shown={"candidate": candidate_ref.name, "steps": steps},
                                     ignore=ignore)
-    ignoring = setup.judged.ignore
 
     def job(recipe: EquivalentPayload, phase: str) -> Job:
         return Job(TASK, recipe, phase, record=EquivalentTrace, workdir=False)
@@ -73,7 +72,7 @@ def check_equivalent(
     if failed is not None and failed.error is not None:
         return _errored(setup, failed.error, failed.exception)
     expected, actual = outcomes[0].output, outcomes[1].output
-    result = judge_equivalent(expected, actual, setup.judged, ignoring, setup.config)
+    result = judge_equivalent(expected, actual, setup.judged, setup.config)
     if result.outcome is not Outcome.FAIL:
         return result
     # A FAIL blames the candidate: only once the reference reproduces itself.
@@ -82,8 +81,8 @@ def check_equivalent(
     if repeated.error is not None:
         return _errored(setup, repeated.error, repeated.exception)
     again: EquivalentTrace = repeated.output
-    unstable = not_reproducible(expected.steps, again.steps, setup.judged, lambda path: not ignored(path, ignoring),
-                                setup.config)
+    unstable = not_reproducible(expected.steps, again.steps, setup.judged,
+                                lambda path: not ignored(path, setup.judged.ignore), setup.config)
     return result if unstable is None else unstable
 
 

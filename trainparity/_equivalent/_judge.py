@@ -199,13 +199,14 @@ def configuration_note(paths: Sequence[str], when: str) -> list[str]:
 
 
 def judge_equivalent(reference: EquivalentTrace, candidate: EquivalentTrace, comparison: Comparison,
-                     ignore: Sequence[str], config: dict[str, JsonValue]) -> RunsResult:
-    """The first step at which the candidate trains differently from the reference, or PASS."""
+                     config: dict[str, JsonValue]) -> RunsResult:
+    """The first step at which the candidate trains differently from the reference, or PASS; what the comparison
+    ignores (`Comparison.ignore`) is passed over, the loss included."""
     configured = configuration(reference, candidate)
     configured_paths = set(configured)
 
     def compared(path: str) -> bool:
-        return path not in configured_paths and not ignored(path, ignore)
+        return path not in configured_paths and not ignored(path, comparison.ignore)
 
     notes = _notes(reference, candidate, configured)
     initial = [Violation("state_mismatch", m.path, f"The State after setup() differs from the reference's: the two "
