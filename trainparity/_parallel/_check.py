@@ -1,4 +1,4 @@
-"""`check_data_parallel`: real torch.distributed ranks against the same recipe in a world of size 1.
+"""`check_parallel`: real torch.distributed ranks against the same recipe in a world of size 1.
 
 The process engine starts `world_size` ranks and the reference concurrently. Each child
 initializes the default process group (a file store in a temporary directory) before the
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from trainparity._parallel._judge import judge_data_parallel
+from trainparity._parallel._judge import judge_parallel
 from trainparity._parallel._rank import REFERENCE, RankPayload
 from trainparity._parallel._trace import RankTrace
 from trainparity._process import _session
@@ -33,7 +33,7 @@ from trainparity._process._options import Deadline, Isolation
 from trainparity._process._scratch import scratch_directory
 from trainparity._process._world import validate_backend
 from trainparity._recipe._reference import RecipeSpec
-from trainparity._results._result import DataParallelResult
+from trainparity._results._result import ParallelResult
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import (
     Comparison,
@@ -50,7 +50,7 @@ def _validate(world_size: object, backend: object, steps: object) -> tuple[int, 
 
 
 @_session.recorded
-def check_data_parallel(
+def check_parallel(
     recipe: RecipeSpec,
     *,
     world_size: int = 2,
@@ -62,7 +62,7 @@ def check_data_parallel(
     timeout: float | None = None,
     isolation: Isolation | None = None,
     ignore: str | Sequence[str] | None = None,
-) -> DataParallelResult:
+) -> ParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
 
     Per step: the ranks' sample IDs together make the reference's batch, every rank holds the
@@ -93,11 +93,11 @@ def check_data_parallel(
                             on_failure="all")
         error = _first_error(outcomes, setup.deadline)
     if error is not None:
-        return setup.errored(DataParallelResult, error)
+        return setup.errored(ParallelResult, error)
     traces = [o.output for o in outcomes]
     assert all(trace is not None for trace in traces)
     *ranks, reference = (trace for trace in traces if trace is not None)
-    return judge_data_parallel(reference, ranks, setup.judged, setup.config)
+    return judge_parallel(reference, ranks, setup.judged, setup.config)
 
 
 def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline) -> ChildError | None:

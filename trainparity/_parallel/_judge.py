@@ -21,7 +21,7 @@ from trainparity._parallel._tensor_parallel import (
     sums_to,
 )
 from trainparity._parallel._trace import RankStep, RankTrace
-from trainparity._results._result import DataParallelResult
+from trainparity._results._result import ParallelResult
 from trainparity._results._violation import Outcome, Violation, listed
 from trainparity._state._compare import (
     Comparison,
@@ -78,12 +78,12 @@ def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str |
     return None
 
 
-def judge_data_parallel(
+def judge_parallel(
     reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
-) -> DataParallelResult:
+) -> ParallelResult:
     difference = layout_difference(reference, ranks)
     if difference is not None:
-        return DataParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
+        return ParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
     world_size = len(ranks)
     violations: list[Violation] = []
     rounding: list[bool] = []
@@ -150,7 +150,7 @@ def judge_data_parallel(
             "in another order than one process, which changes rounding. If that is acceptable, judge in float64 "
             "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
         )
-    return DataParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+    return ParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
 
 
 def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, batch_dependent: list[str],

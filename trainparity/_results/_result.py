@@ -170,8 +170,8 @@ class CoverageResult(Result, check="coverage", assertion="tp.assert_coverage"):
     """The result of `tp.check_coverage`."""
 
 
-class DataParallelResult(Result, check="data_parallel", assertion="tp.assert_data_parallel_equivalent"):
-    """The result of `tp.check_data_parallel`."""
+class ParallelResult(Result, check="parallel", assertion="tp.assert_parallel_equivalent"):
+    """The result of `tp.check_parallel`."""
 
 
 class OptimizerCoverageResult(Result, check="optimizer_coverage", assertion="tp.assert_optimizer_coverage"):
