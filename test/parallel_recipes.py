@@ -74,14 +74,20 @@ class FSDPRecipe(ParallelRecipe):
 
 
 class TwoDimRecipe(ParallelRecipe):
-    """A 2x2 mesh: tensor parallel within each row (`tp`), FSDP2 across rows (`dp`). The two ranks of a
-    tensor-parallel group read the same shard of the batch; the groups split it. `tp_rank_in_sampler`
-    shards the data by the global rank, so the peers of a group read different samples."""
+    """A (world / tp) x tp mesh (2x2 at four ranks): tensor parallel within each row (`tp`), FSDP2 across rows
+    (`dp`). The ranks of a tensor-parallel group read the same shard of the global batch; the groups split it.
+    `tp_rank_in_sampler` shards the data by the global rank, so the peers of a group read different samples.
+    `dropout` draws a mask per rank after the MLP (each rank's own stream, seeded alike)."""
+
+    def __init__(self, fault: str | None = None, tp: int = 2, global_batch: int = 8, dropout: float = 0.0) -> None:
+        super().__init__(fault)
+        self.tp, self.global_batch, self.dropout = tp, global_batch, dropout
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
-        mesh = init_device_mesh("cpu", (min(world, 2), world // min(world, 2)), mesh_dim_names=("dp", "tp"))
-        model = MLP()
+        tp_size = min(world, self.tp)
+        mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+        model: nn.Module = MLP()
         parallelize(model, mesh["tp"])
         fully_shard(model, mesh=mesh["dp"])
         dp = mesh["dp"]
@@ -89,8 +95,18 @@ class TwoDimRecipe(ParallelRecipe):
         if self.fault == "tp_rank_in_sampler":
             replicas, rank = dist.get_world_size(), dist.get_rank()
         sampler = DistributedSampler(dataset(), num_replicas=replicas, rank=rank, shuffle=True, seed=3)
-        loader = DataLoader(dataset(), batch_size=8 // replicas, sampler=sampler)
+        loader = DataLoader(dataset(), batch_size=self.global_batch // replicas, sampler=sampler)
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        if not self.dropout:
+            return super().step(state, batch)
+        _, x, y = batch
+        loss = nn.functional.mse_loss(nn.functional.dropout(state.model(x), self.dropout), y)
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        state.optimizer.step()
+        return loss.detach()
 
 
 class WideDDPRecipe(ParallelRecipe):

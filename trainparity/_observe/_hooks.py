@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import functools
 import sys
+import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
@@ -203,45 +205,104 @@ DROPOUT_FUNCTIONS: dict[Callable[..., Any], FunctionalDropout] = {
 
 
 #: torch's namespaces by module name: how many names each held when indexed, and each of its names by the id of
-#: what it held then (`_torch_names`)
+#: the function it held then, a router counted as the function it routes (`_torch_names`)
 _TORCH_INDEX: dict[str, tuple[int, dict[int, list[str]]]] = {}
 
 
 def _torch_names(namespace: Any, function: Callable[..., Any]) -> list[str]:
-    """The names under which one of torch's namespaces holds `function` now. Its few hundred names are indexed once
-    (again if it gains or loses names), not walked at every check: each name found is checked to hold `function`
-    still, so a name rebound since is passed over."""
+    """The names under which one of torch's namespaces holds `function` (or its router) now. Its few hundred names are
+    indexed once (again if it gains or loses names), not walked at every check: each name found is checked to hold
+    `function` or its router still, so a name rebound since is passed over."""
     names = vars(namespace)
     size, index = _TORCH_INDEX.get(namespace.__name__, (-1, {}))
     if size != len(names):
         index = {}
         for attribute, value in names.items():
-            index.setdefault(id(value), []).append(attribute)
+            index.setdefault(id(_Routes.originals.get(id(value), value)), []).append(attribute)
         _TORCH_INDEX[namespace.__name__] = (len(names), index)
-    return [attribute for attribute in index.get(id(function), []) if names.get(attribute) is function]
+    held = (function, _Routes.routers.get(id(function)))
+    return [attribute for attribute in index.get(id(function), []) if any(names.get(attribute) is h for h in held)]
+
+
+class _Routes:
+    """Where torch's functions are patched, a router takes their place for as long as any patch holds the place: it
+    calls the wrapper of the thread that calls it, or the function itself in a thread that patched nothing. So the
+    ranks of a threaded world (`backend="threads"`), threads of one process, each observe their own calls."""
+
+    lock = threading.Lock()
+    #: id(function) -> its router, and id(router) -> the function
+    routers: dict[int, Callable[..., Any]] = {}
+    originals: dict[int, Callable[..., Any]] = {}
+    #: (id(namespace), attribute) -> how many patches hold the router there
+    holds: Counter[tuple[int, str]] = Counter()
+    #: per thread: id(function) -> the wrapper that thread's patch installed
+    local = threading.local()
+
+    @classmethod
+    def wrappers(cls) -> dict[int, Callable[..., Any]]:
+        if not hasattr(cls.local, "wrappers"):
+            cls.local.wrappers = {}
+        wrappers: dict[int, Callable[..., Any]] = cls.local.wrappers
+        return wrappers
+
+    @classmethod
+    def router(cls, function: Callable[..., Any]) -> Callable[..., Any]:
+        router = cls.routers.get(id(function))
+        if router is None:
+            @functools.wraps(function)
+            def route(*args: Any, **kwargs: Any) -> Any:
+                return cls.wrappers().get(id(function), function)(*args, **kwargs)
+
+            router = cls.routers[id(function)] = route
+            cls.originals[id(route)] = function
+        return router
+
+    @classmethod
+    def hold(cls, namespace: Any, attribute: str, function: Callable[..., Any]) -> None:
+        with cls.lock:
+            cls.holds[id(namespace), attribute] += 1
+            setattr(namespace, attribute, cls.router(function))
+
+    @classmethod
+    def release(cls, namespace: Any, attribute: str, function: Callable[..., Any]) -> None:
+        with cls.lock:
+            cls.holds[id(namespace), attribute] -= 1
+            if cls.holds[id(namespace), attribute] == 0:
+                del cls.holds[id(namespace), attribute]
+                setattr(namespace, attribute, function)
 
 
 def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: dict[Callable[..., Any], str],
                     make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
-    """Replace `functions` (torch's, each named) by `make_wrapper(function, name)` in torch's namespaces and in the
-    recipe's own modules, where `from torch.nn.utils import clip_grad_norm_` bound the name at import; each
-    replacement's undoing goes on `stack`."""
+    """Have `make_wrapper(function, name)` called in place of `functions` (torch's, each named) by this thread, in
+    torch's namespaces and in the recipe's own modules, where `from torch.nn.utils import clip_grad_norm_` bound the
+    name at import (`_Routes`); each undoing goes on `stack`. A function this thread has patched already keeps its
+    first wrapper."""
     import torch.nn.utils.clip_grad as clip_grad
 
+    # a function read from torch's namespace while another thread's patch holds it is that patch's router
+    functions = {_Routes.originals.get(id(function), function): name for function, name in functions.items()}
     torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
     recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
-    wrappers = {original: make_wrapper(original, name) for original, name in functions.items()}
     found: list[tuple[Any, str, Callable[..., Any]]] = []
     for namespace in torch_namespaces:
-        found += [(namespace, attribute, original) for original in wrappers
+        found += [(namespace, attribute, original) for original in functions
                   for attribute in _torch_names(namespace, original)]
-    # by id: a module of the user's may hold hundreds of names, each looked up once
-    by_id = {id(original): original for original in wrappers}
+    # by id: a module of the user's may hold hundreds of names, each looked up once; `functions` holds each function
+    # and `_Routes` each router, so their ids are no other object's
+    by_id = {id(original): original for original in functions}
+    by_id.update({id(_Routes.routers[key]): original for key, original in list(by_id.items())
+                  if key in _Routes.routers})
     for namespace in dict.fromkeys(recipe_namespaces):
         if namespace in torch_namespaces:
             continue
         found += [(namespace, attribute, by_id[id(value)]) for attribute, value in list(vars(namespace).items())
-                  if id(value) in by_id]  # `functions` holds the object, so its id is no other object's
+                  if id(value) in by_id]
     for namespace, attribute, original in found:
-        setattr(namespace, attribute, wrappers[original])
-        stack.callback(setattr, namespace, attribute, original)
+        _Routes.hold(namespace, attribute, original)
+        stack.callback(_Routes.release, namespace, attribute, original)
+    wrappers = _Routes.wrappers()
+    for original, name in functions.items():
+        if id(original) not in wrappers:
+            wrappers[id(original)] = make_wrapper(original, name)
+            stack.callback(wrappers.pop, id(original))

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from trainparity._parallel._judge import judge_parallel
 from trainparity._parallel._rank import REFERENCE, RankPayload
-from trainparity._parallel._trace import RankTrace
+from trainparity._parallel._trace import RankTrace, WorldTrace
 from trainparity._process import _session
 from trainparity._process._comparing import ComparisonSetup
 from trainparity._process._engine import Job, JobOutcome, first_failure, run_jobs
@@ -41,6 +41,7 @@ from trainparity._state._compare import (
 from trainparity._validation import check_int
 
 TASK = "trainparity._parallel._rank:run_rank"
+THREADS_TASK = "trainparity._parallel._rank:run_threads"
 
 
 def _validate(world_size: object, backend: object, steps: object) -> tuple[int, str, int]:
@@ -83,20 +84,32 @@ def check_parallel(
                                     shown={"world_size": world_size, "backend": backend, "steps": steps},
                                     ignore=ignore)
     with scratch_directory("trainparity-dp-") as scratch:
-        def job(rank: int, size: int, tag: str) -> Job:
-            payload = RankPayload(setup.recipe, setup.seed, steps, backend, rank, size, tag, str(scratch),
-                                  setup.precision)
-            return Job(TASK, payload, tag, rank=None if tag == REFERENCE else rank, record=RankTrace)
+        def payload(rank: int, size: int, tag: str) -> RankPayload:
+            return RankPayload(setup.recipe, setup.seed, steps, backend, rank, size, tag, str(scratch),
+                               setup.precision)
 
-        jobs = [job(rank, world_size, f"rank {rank}") for rank in range(world_size)] + [job(0, 1, REFERENCE)]
+        if backend == "threads":  # two children: the world's threads, and the reference's one
+            jobs = [Job(THREADS_TASK, payload(0, world_size, "ranks"), "ranks", record=WorldTrace),
+                    Job(THREADS_TASK, payload(0, 1, REFERENCE), REFERENCE, record=WorldTrace)]
+        else:
+            jobs = [Job(TASK, payload(rank, world_size, f"rank {rank}"), f"rank {rank}", rank=rank, record=RankTrace)
+                    for rank in range(world_size)]
+            jobs.append(Job(TASK, payload(0, 1, REFERENCE), REFERENCE, record=RankTrace))
         outcomes = run_jobs(jobs, deadline=setup.deadline, isolation=setup.isolation, concurrency=len(jobs),
                             on_failure="all")
         error = _first_error(outcomes, setup.deadline)
     if error is not None:
         return setup.errored(ParallelResult, error)
-    traces = [o.output for o in outcomes]
-    assert all(trace is not None for trace in traces)
-    *ranks, reference = (trace for trace in traces if trace is not None)
+    traces: list[RankTrace] = []
+    for outcome in outcomes:
+        if isinstance(outcome.output, WorldTrace):
+            if outcome.output.failure is not None:
+                return setup.errored(ParallelResult, outcome.output.failure)
+            traces += outcome.output.ranks
+        else:
+            assert isinstance(outcome.output, RankTrace)
+            traces.append(outcome.output)
+    *ranks, reference = traces
     return judge_parallel(reference, ranks, setup.judged, setup.config)
 
 

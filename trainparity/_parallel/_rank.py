@@ -22,10 +22,13 @@ from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._hooks import HookSet
 from trainparity._observe._observer import Observer
 from trainparity._observe._watches import BatchDependentModules
-from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace
+from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, WorldTrace
+from trainparity._process._child import error_record
+from trainparity._process._threads import RankFailure, ThreadedWorld
 from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
+from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
@@ -67,20 +70,47 @@ def run_rank(payload: RankPayload, workdir: pathlib.Path) -> RankTrace:
     others' collectives break and they fail too: the engine reports the failure that came first."""
     store = pathlib.Path(payload.scratch) / ("store.reference" if payload.tag == REFERENCE else "store.ranks")
     join(World(payload.backend, payload.rank, payload.world_size, str(store)))
-    recipe = payload.recipe.build()
     with running_in(payload.precision):
-        seed_everything(payload.seed)
-        state = require_state(recipe.setup(), recipe, "setup")
-        convert_state(state, payload.precision)
-        batch_dependent_modules = BatchDependentModules(state)
-        with Observer(state, type(recipe), [batch_dependent_modules]) as observer, \
-                OutputRecorder(observer.modules) as outputs:
-            steps = list(record_steps(recipe, observer, outputs, payload))
-            batch_dependent = sorted(batch_dependent_modules.ran)
-            optimizers = len(observer.optimizers)
-            layers = owning_layers(observer)
-    leave(recipe, state)
-    return RankTrace(steps, optimizers, batch_dependent, layers)
+        trace, kept = train_rank(payload)
+    leave(*kept)
+    return trace
+
+
+def run_threads(payload: RankPayload, workdir: pathlib.Path) -> WorldTrace:
+    """Child task: the whole world of `payload.world_size` ranks, each a thread of this process (the reference is a
+    world of one thread), each rank as `run_rank` runs it."""
+
+    def rank(number: int) -> RankTrace:
+        world.join()
+        trace, kept = train_rank(dataclasses.replace(payload, rank=number))
+        leave(*kept)
+        return trace
+
+    world = ThreadedWorld(payload.world_size, rank)
+    with running_in(payload.precision):  # process-wide: set once for every rank
+        try:
+            return WorldTrace(world.run(), None)
+        except RankFailure as failure:
+            reference = payload.tag == REFERENCE
+            return WorldTrace([], ChildError.raised(error_record(failure.error), payload.tag if reference
+                                                    else f"rank {failure.rank}", None if reference else failure.rank))
+
+
+def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
+    """Set the recipe up in the world joined, train and record it; the trace, and what must outlive the world
+    (`leave`)."""
+    recipe = payload.recipe.build()
+    seed_everything(payload.seed)
+    state = require_state(recipe.setup(), recipe, "setup")
+    convert_state(state, payload.precision)
+    batch_dependent_modules = BatchDependentModules(state)
+    with Observer(state, type(recipe), [batch_dependent_modules]) as observer, \
+            OutputRecorder(observer.modules) as outputs:
+        steps = list(record_steps(recipe, observer, outputs, payload))
+        batch_dependent = sorted(batch_dependent_modules.ran)
+        optimizers = len(observer.optimizers)
+        layers = owning_layers(observer)
+    return RankTrace(steps, optimizers, batch_dependent, layers), (recipe, state)
 
 
 def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,

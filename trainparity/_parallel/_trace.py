@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from trainparity._batches._sample_ids import SampleIds
+from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
 
 
@@ -49,3 +50,12 @@ class RankTrace:
     batch_dependent: list[str]
     #: parameter name -> the layer that owns it, as reports name it ("model.embed (Linear)")
     layers: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldTrace:
+    """What a threaded world (`backend="threads"`: every rank a thread of one process) observed: each rank's trace
+    in rank order, or the failure of the first rank that raised."""
+
+    ranks: list[RankTrace]
+    failure: ChildError | None

@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from trainparity._process import _session
 from trainparity._process._options import Isolation
+from trainparity._process._threads import threads_unavailable
 from trainparity._validation import check_argument, check_type
 
 #: what a finished run leaves behind, kept until the child's os._exit: dropping the last reference to a gloo
@@ -32,10 +33,14 @@ class World:
 
 
 def validate_backend(backend: object, world_size: int) -> str:
-    backend = check_type(backend, str, f"backend= must be a string such as 'gloo' or 'nccl', got "
+    backend = check_type(backend, str, f"backend= must be a string such as 'gloo', 'threads' or 'nccl', got "
                          f"{type(backend).__name__}")
     check_argument(dist.is_available(),
                    "this torch build has no torch.distributed; install a build with distributed support")
+    if backend == "threads":
+        unavailable = threads_unavailable()
+        check_argument(unavailable is None, f"backend='threads' cannot run here: {unavailable}; use backend='gloo'")
+        return backend
     check_argument(dist.is_backend_available(backend),
                    f"backend={backend!r} is not available in this torch build; use backend='gloo' on CPU")
     check_argument(backend != "nccl" or torch.cuda.device_count() >= world_size, f"backend='nccl' needs one GPU per "

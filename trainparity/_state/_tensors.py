@@ -13,6 +13,9 @@ those that are only bits (`bits8`, `float4_e2m1fn_x2`, ...) bitwise, whatever th
 
 from __future__ import annotations
 
+import logging
+import threading
+
 import torch
 from torch import nn
 
@@ -22,15 +25,38 @@ from trainparity._compat import unnamed
 Readable = torch.Tensor | list[torch.Tensor] | str
 
 
+class _Gathering(logging.Filter):
+    """Drops the log records DTensor's redistribution writes while this thread gathers a tensor for the harness
+    (torch warns that a gather of a 2-D-sharded tensor takes several collectives): the user's own gathers keep
+    them."""
+
+    local = threading.local()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(self.local, "active", False)
+
+
+#: the logger DTensor's redistribution warns through, filtered once
+_REDISTRIBUTE_LOGGER = "torch.distributed.tensor._redistribute"
+_GATHERING = _Gathering()
+
+
 def gathered(tensor: torch.Tensor) -> torch.Tensor:
     """The whole value of a tensor: a sharded or replicated `DTensor` is gathered (a collective every
     rank makes in the same order, as they walk the same State); other tensors are returned as they are.
     The result may be the live tensor itself: snapshots copy it."""
     full_tensor = getattr(tensor, "full_tensor", None)  # DTensor's, without importing torch.distributed
-    if callable(full_tensor):
+    if not callable(full_tensor):
+        return tensor
+    logger = logging.getLogger(_REDISTRIBUTE_LOGGER)
+    if _GATHERING not in logger.filters:
+        logger.addFilter(_GATHERING)
+    _GATHERING.local.active = True
+    try:
         whole: torch.Tensor = full_tensor()
-        return whole
-    return tensor
+    finally:
+        _GATHERING.local.active = False
+    return whole
 
 
 def uninitialized(tensor: torch.Tensor) -> bool:

@@ -1,0 +1,133 @@
+"""`backend="threads"`: worlds of ranks as threads of one process, judged as gloo processes are.
+
+Each rank of a threaded world has its own random streams, environment (RANK, LOCAL_RANK) and observer patches, as a
+process would; the same recipe gets the same report on threads as on gloo processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch.nn.functional as F
+from data_parallel_recipes import DDPRecipe
+from parallel_recipes import TwoDimRecipe
+
+import trainparity as tp
+from trainparity._observe._hooks import patch_functions
+from trainparity._process import _threads
+
+pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
+
+
+def _without_backend(report: str) -> str:
+    return report.replace("backend='threads'", "backend=?").replace("backend='gloo'", "backend=?")
+
+
+@pytest.mark.parametrize("recipe", [
+    pytest.param(TwoDimRecipe(), id="clean"),
+    # each rank draws its own dropout mask: with the process's one generator shared, rank 1 would draw after rank 0
+    pytest.param(TwoDimRecipe(dropout=0.5), id="dropout"),
+    pytest.param(TwoDimRecipe("tp_rank_in_sampler"), id="tp_peers_read_other_samples"),
+])
+def test_threads_and_gloo_processes_give_the_same_report(recipe: TwoDimRecipe) -> None:
+    threads = tp.check_parallel(recipe, world_size=4, backend="threads", steps=2, timeout=120)
+    gloo = tp.check_parallel(recipe, world_size=4, backend="gloo", steps=2, timeout=120)
+    assert threads.outcome is gloo.outcome, (threads.report(), gloo.report())
+    assert threads.outcome is (tp.Outcome.PASS if recipe.fault is None and not recipe.dropout else tp.Outcome.FAIL)
+    assert _without_backend(threads.report()) == _without_backend(gloo.report())
+
+
+def test_a_64_rank_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
+    result = tp.check_parallel(TwoDimRecipe(tp=4, global_batch=16), world_size=64, backend="threads", steps=1,
+                               timeout=300)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert result.config["world_size"] == 64
+
+
+def test_tensor_parallel_peers_reading_other_samples_are_named_at_16_ranks() -> None:
+    result = tp.check_parallel(TwoDimRecipe("tp_rank_in_sampler", tp=4, global_batch=16), world_size=16,
+                               backend="threads", steps=1, timeout=120)
+    first = result.first_violation
+    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
+    assert (first.step, first.rank) == (1, 1), result.report()
+
+
+def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:
+    # DDPRecipe asserts LOCAL_RANK and WORLD_SIZE against dist.get_rank() and dist.get_world_size() on each rank
+    result = tp.check_parallel(DDPRecipe(), world_size=4, backend="threads", steps=2, timeout=60)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    assert tp.check_parallel(DDPRecipe("grads_summed"), world_size=4, backend="threads", steps=1,
+                             timeout=60).first_violation.cause == "loss_not_averaged"  # type: ignore[union-attr]
+
+
+def test_a_rank_that_raises_is_an_error_naming_it_and_its_traceback() -> None:
+    result = tp.check_parallel(DDPRecipe("raises"), world_size=4, backend="threads", steps=3, timeout=60)
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert (result.error.phase, result.error.rank, result.error.exc_type) == ("rank 1", 1, "ValueError")
+    assert "rank 1 cannot go on" in result.error.message
+    assert "data_parallel_recipes.py" in (result.error.traceback or "")
+
+
+def test_a_rank_that_hangs_is_a_timeout_with_every_rank_s_stack() -> None:
+    result = tp.check_parallel(DDPRecipe("hangs"), world_size=2, backend="threads", steps=3, timeout=6)
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert (result.error.kind, result.error.phase) == ("timeout", "ranks")
+    # the process of the ranks: rank 1 in the recipe's sleep, rank 0 waiting for it in DDP's all-reduce
+    ranks = result.report().split("Stacks of every process", 1)[1].split("  ranks:\n", 1)[1]
+    assert 'data_parallel_recipes.py", line' in ranks and "multi_threaded_pg.py" in ranks, result.report()
+
+
+def test_a_torch_without_the_threaded_group_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_threads, "threads_unavailable", lambda: "torch 9.9 has no threaded process group")
+    from trainparity._process import _world
+
+    monkeypatch.setattr(_world, "threads_unavailable", _threads.threads_unavailable)
+    with pytest.raises(tp.InvalidArgument, match="backend='threads' cannot run here: torch 9.9 has no threaded "
+                                                 "process group; use backend='gloo'"):
+        tp.check_parallel(DDPRecipe(), world_size=2, backend="threads")
+
+
+def test_patched_functions_call_the_wrapper_of_the_thread_that_calls_them() -> None:
+    """Ranks as threads each observe their own calls of a function patched process-wide; the function is itself
+    again once every patch is undone."""
+    import contextlib
+
+    calls: dict[str, list[str]] = {"a": [], "b": []}
+
+    def wrapper_for(thread: str) -> Callable[[Callable[..., Any], str], Callable[..., Any]]:
+        def make(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                calls[thread].append(name)
+                return original(*args, **kwargs)
+            return wrapper
+        return make
+
+    original = F.dropout
+    both_patched, a_done = threading.Barrier(2), threading.Event()
+
+    def thread(name: str, calls_made: int) -> None:
+        with contextlib.ExitStack() as stack:
+            patch_functions(stack, DDPRecipe, {F.dropout: "F.dropout"}, wrapper_for(name))
+            both_patched.wait()
+            import torch
+
+            for _ in range(calls_made):
+                F.dropout(torch.ones(2), 0.0)
+            if name == "b":
+                a_done.wait()  # a has undone its patch: b's still holds
+                F.dropout(torch.ones(2), 0.0)
+        if name == "a":
+            a_done.set()
+
+    threads = [threading.Thread(target=thread, args=(name, count)) for name, count in (("a", 1), ("b", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert calls == {"a": ["F.dropout"], "b": ["F.dropout"] * 3}
+    assert F.dropout is original
