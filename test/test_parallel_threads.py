@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch
 import torch.nn.functional as F
 from data_parallel_recipes import DDPRecipe
 from parallel_recipes import TwoDimRecipe
+from torch import nn
 
 import trainparity as tp
 from trainparity._observe._hooks import patch_functions
@@ -79,6 +81,35 @@ def test_a_rank_that_hangs_is_a_timeout_with_every_rank_s_stack() -> None:
     # the process of the ranks: rank 1 in the recipe's sleep, rank 0 waiting for it in DDP's all-reduce
     ranks = result.report().split("Stacks of every process", 1)[1].split("  ranks:\n", 1)[1]
     assert 'data_parallel_recipes.py", line' in ranks and "multi_threaded_pg.py" in ranks, result.report()
+
+
+class Upcast(nn.Module):
+    """A rotary embedding's habit: compute in float32 whatever the model's dtype, then cast back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() * 2).type_as(x)
+
+
+class Float32Inside(DDPRecipe):
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.model = nn.Sequential(Upcast(), state.model)
+        return state
+
+
+@pytest.mark.parametrize("backend", ["threads", "gloo"])
+def test_a_recipe_that_computes_in_float32_inside_a_float64_check_is_an_error_naming_the_op(backend: str) -> None:
+    result = tp.check_parallel(Float32Inside(), world_size=2, backend=backend, steps=1, timeout=60)
+    assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
+    assert result.error.exc_type == "PrecisionError", result.report()
+    assert result.error.message.startswith("Tensor.float in model.0 computed in float32: precision='float64' runs "
+                                           "the recipe in float64"), result.report()
+    assert "Pass precision='native'" in result.error.message
+    assert 'test_parallel_threads.py", line' in (result.error.traceback or ""), result.report()  # the user's line
+    if backend == "threads":
+        native = tp.check_parallel(Float32Inside(), world_size=2, backend=backend, steps=1, timeout=60,
+                                   precision="native", comparison=tp.ToleranceComparison(rtol=1e-4, atol=1e-6))
+        assert native.outcome is tp.Outcome.PASS, native.report()
 
 
 def test_a_torch_without_the_threaded_group_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ from trainparity._batches._split import Microbatches, batch_size, leaves, split_
 from trainparity._compat import state_dict
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import CallRecord, StepEvent
-from trainparity._observe._watches import BatchDependentModules, DropoutOff
+from trainparity._observe._watches import BatchDependentModules, DropoutOff, Float64Only
 from trainparity._recipe._modules import import_attribute
 from trainparity._recipe._recipe import LossAccounting, Recipe, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
@@ -78,7 +78,9 @@ def accumulation_run(payload: AccumulationPayload, workdir: pathlib.Path) -> Acc
 
         dropout = DropoutOff(state, type(recipe))
         batch_dependent = BatchDependentModules(state, payload.batch_dependent)
-        with Observer(state, type(recipe), [dropout, batch_dependent] if payload.disable_dropout else [batch_dependent],
+        float64_only = [Float64Only(state)] if payload.precision == "float64" else []
+        with Observer(state, type(recipe), [dropout, batch_dependent, *float64_only] if payload.disable_dropout
+                      else [batch_dependent, *float64_only],
                       record_contributions=payload.microbatches is not None and payload.sample_contributions,
                       before_step=require_float64_steps if payload.precision == "float64" else None) as observer:
             # Snapshot after dropout was disabled, so both runs are compared as they will train.

@@ -1,19 +1,25 @@
-"""The watches a check may hand the `Observer` beside its own hooks: dropout switched off, and the batch-dependent
-modules (BatchNorm and friends) that ran in training mode. (`_forwards.ForwardRecorder` is the third.)"""
+"""The watches a check may hand the `Observer` beside its own hooks: dropout switched off, the batch-dependent
+modules (BatchNorm and friends) that ran in training mode, and float64 mode's refusal of an operation that computes
+below float64. (`_forwards.ForwardRecorder` is the fourth.)"""
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
+from torch.overrides import TorchFunctionMode
 
 from trainparity._observe._hooks import DROPOUT_FUNCTIONS, Watch, patch_functions
-from trainparity._observe._records import Dropout
+from trainparity._observe._records import CallRecord, Dropout
 from trainparity._state._entries import State, state_objects, unwrap_module
+from trainparity._state._precision import FORCED_PRECISION_HINT, PrecisionError
 
 
 def named_modules(state: State) -> list[tuple[str, nn.Module]]:
@@ -93,3 +99,76 @@ class BatchDependentModules(Watch):
     def _restore_mode(module: nn.Module, args: Any, output: Any) -> None:
         if vars(module).pop("_tp_restore_training", False):
             module.training = True
+
+
+class Float64Only(Watch):
+    """In float64 mode, the first operation of an observed `step()` call whose result is a floating (or complex)
+    tensor below float64 raises `PrecisionError`, naming the operation and the module it ran in: a float64 check
+    cannot judge code that computes part of the step in float32 (`.float()`, an explicit dtype). It sees the ops called
+    from Python (a `TorchFunctionMode`, thread-local, pushed for the call only) outside torch's own package, whose
+    float32 (GradScaler's scale) is deliberate."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self.modules = named_modules(state)
+        #: the paths of the State's modules whose forward is running, innermost last
+        self.running: list[str] = []
+        self._mode: _Float64Mode | None = None
+
+    def _install(self) -> None:
+        for path, module in self.modules:
+            self._stack.callback(module.register_forward_pre_hook(functools.partial(self._enter, path)).remove)
+            self._stack.callback(module.register_forward_hook(self._leave, always_call=True).remove)
+        self._stack.callback(self._pop)
+
+    def _enter(self, path: str, module: nn.Module, args: Any) -> None:
+        self.running.append(path)
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.running:
+            self.running.pop()
+
+    def begin_call(self, index: int) -> None:
+        self.running.clear()
+        self._mode = _Float64Mode(self)
+        self._mode.__enter__()  # type: ignore[no-untyped-call, unused-ignore]
+
+    def end_call(self, call: CallRecord) -> None:
+        self._pop()
+
+    def _pop(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            mode.__exit__(None, None, None)  # type: ignore[no-untyped-call, unused-ignore]
+
+
+#: the dtypes a float64 run computes in: float64, and complex128 for complex values
+_FLOAT64_DTYPES = (torch.float64, torch.complex128)
+#: ops torch's own Python code calls below float64 on purpose (GradScaler's float32 scale) are its business
+_TORCH_DIRECTORY = os.path.dirname(torch.__file__) + os.sep
+
+
+class _Float64Mode(TorchFunctionMode):
+    def __init__(self, watch: Float64Only) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for tensor in (result,) if isinstance(result, torch.Tensor) else result if isinstance(
+                result, (tuple, list)) else ():
+            if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()) \
+                    and tensor.dtype not in _FLOAT64_DTYPES \
+                    and not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIRECTORY):
+                self._refuse(func, tensor.dtype)
+        return result
+
+    def _refuse(self, func: Any, dtype: torch.dtype) -> None:
+        name = getattr(func, "__name__", repr(func))
+        owner = getattr(func, "__objclass__", None)
+        op = f"Tensor.{name}" if owner is not None and issubclass(owner, torch._C.TensorBase) else f"torch.{name}"
+        where = f" in {self.watch.running[-1]}" if self.watch.running else ""
+        dtype_name = str(dtype).removeprefix("torch.")
+        raise PrecisionError(f"{op}{where} computed in {dtype_name}: "
+                             + FORCED_PRECISION_HINT.format(dtype=dtype_name))

@@ -21,7 +21,7 @@ from torch import nn
 from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._hooks import HookSet
 from trainparity._observe._observer import Observer
-from trainparity._observe._watches import BatchDependentModules
+from trainparity._observe._watches import BatchDependentModules, Float64Only
 from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, WorldTrace
 from trainparity._process._child import error_record
 from trainparity._process._threads import RankFailure, ThreadedWorld
@@ -104,7 +104,8 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
     state = require_state(recipe.setup(), recipe, "setup")
     convert_state(state, payload.precision)
     batch_dependent_modules = BatchDependentModules(state)
-    with Observer(state, type(recipe), [batch_dependent_modules]) as observer, \
+    float64_only = [Float64Only(state)] if payload.precision == "float64" else []
+    with Observer(state, type(recipe), [batch_dependent_modules, *float64_only]) as observer, \
             OutputRecorder(observer.modules) as outputs:
         steps = list(record_steps(recipe, observer, outputs, payload))
         batch_dependent = sorted(batch_dependent_modules.ran)
