@@ -17,7 +17,7 @@ Dropout draws from each rank's RNG, so on another number of ranks each sample ge
 resume on another number of ranks reproduces training only without dropout (`TinyGPT(dropout=0.0)`).
 
 `TinyGPT(fault=...)` carries one deliberate bug (see `FAULTS`); `examples/test_fsdp_gpt.py` checks
-that each is caught, the first two by `tp.check_resume`, the last by `tp.check_data_parallel`.
+that each is caught, the first two by `tp.check_resume`, the last by `tp.check_parallel`.
 """
 
 from __future__ import annotations

@@ -40,11 +40,11 @@ class TestTinyGPT(tp.TestCase):
         self.assertEqual((first.path, first.cause, first.step), ("data.sample_ids", "data_replayed", 4))
 
     def test_two_fsdp_ranks_train_like_one_process(self) -> None:
-        self.assertDataParallelEquivalent(TinyGPT(dropout=0.0), world_size=2, steps=3, timeout=120)
+        self.assertParallelEquivalent(TinyGPT(dropout=0.0), world_size=2, steps=3, timeout=120)
 
     def test_a_root_left_outside_fully_shard_keeps_unreduced_gradients(self) -> None:
-        result = tp.check_data_parallel(TinyGPT(dropout=0.0, fault="root_not_sharded"), world_size=2, steps=3,
-                                        timeout=120)
+        result = tp.check_parallel(TinyGPT(dropout=0.0, fault="root_not_sharded"), world_size=2, steps=3,
+                                   timeout=120)
         self.assertEqual(result.outcome, tp.Outcome.FAIL, result.report())
         first = result.violations[0]
         self.assertEqual((first.path, first.cause), ("gradients.tokens.weight", "grads_not_synchronized"))

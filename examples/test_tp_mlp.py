@@ -10,10 +10,10 @@ import trainparity as tp
 
 class TestTensorParallelMLP(tp.TestCase):
     def test_two_tensor_parallel_ranks_train_like_one_process(self) -> None:
-        self.assertDataParallelEquivalent(TensorParallelMLP(), world_size=2, steps=2, timeout=120)
+        self.assertParallelEquivalent(TensorParallelMLP(), world_size=2, steps=2, timeout=120)
 
     def test_a_row_parallel_output_never_all_reduced_is_named(self) -> None:
-        result = tp.check_data_parallel(TensorParallelMLP("missing_reduction"), world_size=2, steps=2, timeout=120)
+        result = tp.check_parallel(TensorParallelMLP("missing_reduction"), world_size=2, steps=2, timeout=120)
         self.assertEqual(result.outcome, tp.Outcome.FAIL, result.report())
         first = result.violations[0]
         self.assertEqual((first.path, first.cause), ("outputs.model.down", "tp_partial_not_reduced"))

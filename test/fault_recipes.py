@@ -1,7 +1,7 @@
 """One recipe that injects a fault into one phase: the reliability tests' and `tools/faults.py`'s.
 
 `Faulty(fault, phase)` trains a float64 linear model with SGD and works under the resume,
-accumulation and data-parallel checks (wrapped in DDP when a process group is up, where only
+accumulation and parallel checks (wrapped in DDP when a process group is up, where only
 rank 1 misbehaves). `phase` is setup, batches, step, save, load or sample_ids; the faults are
 listed in FAULTS. With `pid_dir`, the processes a fault leaves behind write their PIDs there,
 one file per process, so that tests can check that nothing is left running.

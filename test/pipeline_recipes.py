@@ -1,5 +1,5 @@
 """A two-stage pipeline (torch.distributed.pipelining, GPipe), written for this project the torchtitan way: each rank
-keeps the full model's module names for the layers it owns. The data-parallel check cannot judge pipelines yet; it
+keeps the full model's module names for the layers it owns. The parallel check cannot judge pipelines yet; it
 must say so rather than take the stages for replicas."""
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import trainparity as tp
+from trainparity import _deprecated
 from trainparity._cli import build_parser, main
 
 HERE = pathlib.Path(__file__).parent
@@ -114,7 +115,7 @@ def test_version() -> None:
 
 @pytest.mark.exact
 def test_help_lists_exit_codes_and_explains_every_option(cli_commands: dict[str, argparse.ArgumentParser]) -> None:
-    assert set(cli_commands) == {"resume", "resume-script", "equivalent", "accumulation", "data-parallel",
+    assert set(cli_commands) == {"resume", "resume-script", "equivalent", "accumulation", "parallel",
                                  "coverage", "optimizer-coverage", "mixed-precision", "frozen", "train-mode",
                                  "worker-randomness", "training"}
     for name, command in [("python -m trainparity", build_parser()), *cli_commands.items()]:
@@ -240,13 +241,34 @@ def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.numeric
-def test_data_parallel_command(tmp_path: pathlib.Path) -> None:
+def test_parallel_command(tmp_path: pathlib.Path) -> None:
     target = tmp_path / "result.json"
-    done = run_cli("data-parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
+    done = run_cli("parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
                    "--timeout", "120", "--json", str(target))
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("trainparity data_parallel check: FAIL at gradients.")
-    assert json.loads(target.read_text())["first_violation"]["cause"] == "grads_not_synchronized"
+    assert done.stdout.startswith("trainparity parallel check: FAIL at gradients.")
+    assert done.stderr == ""
+    written = json.loads(target.read_text())
+    assert written["check"] == "parallel" and written["first_violation"]["cause"] == "grads_not_synchronized"
+
+
+@pytest.mark.exact
+def test_the_old_data_parallel_command_runs_the_parallel_command_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Round 3's `data-parallel` is `parallel` (here refusing --world-size 1 before anything runs), with one line on
+    stderr the first time in a process; it is in no help text."""
+    monkeypatch.setattr(_deprecated, "_used", set())  # as if no old name had been used in this process
+    argv = ["data-parallel", "data_parallel_recipes:DDPRecipe", "--world-size", "1"]
+    refused = "python -m trainparity parallel: error: world_size= must be an int >= 2"
+    assert main(argv) == 4
+    first = capsys.readouterr().err.splitlines()
+    assert first[0] == ("python -m trainparity data-parallel is deprecated: use python -m trainparity parallel "
+                        "(same arguments)")
+    assert [line.startswith(refused) for line in first] == [False, True], first
+    assert main(argv) == 4
+    again = capsys.readouterr().err.splitlines()
+    assert [line.startswith(refused) for line in again] == [True], again
+    assert "data-parallel" not in build_parser().format_help()
 
 
 @pytest.mark.exact

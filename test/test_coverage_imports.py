@@ -48,7 +48,7 @@ def test_sample_ids_import_no_other_trainparity_module() -> None:
                                                               "trainparity._batches._sample_ids"}
 
 
-def test_the_resume_and_data_parallel_runs_share_the_sample_id_normalisation() -> None:
+def test_the_resume_and_parallel_runs_share_the_sample_id_normalisation() -> None:
     from trainparity._batches import _sample_ids
     from trainparity._parallel import _rank
     from trainparity._resume import _trace

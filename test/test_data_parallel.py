@@ -1,5 +1,5 @@
-"""Data-parallel equivalence on real gloo ranks: a clean DDP recipe, each diagnosis, errors, cleanup, the mixin,
-and the torchrun coverage example through the harness's own launcher."""
+"""The parallel check on data-parallel (DDP) gloo ranks: a clean DDP recipe, each diagnosis, errors, cleanup, the
+mixin, and the torchrun coverage example through the harness's own launcher."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ FAULTS: dict[str, tuple[str, int | None, str]] = {
 }
 
 
-def check(fault: str | None = None, **kwargs: Any) -> tp.DataParallelResult:
+def check(fault: str | None = None, **kwargs: Any) -> tp.ParallelResult:
     options: dict[str, Any] = {"comparison": TOLERANCE, "timeout": 60, **kwargs}
     pid_dir = options.pop("pid_dir", None)
     recipe = DDPRecipe(fault=fault) if pid_dir is None else DDPRecipe(fault=fault, pid_dir=pid_dir)
-    return tp.check_data_parallel(recipe, **options)
+    return tp.check_parallel(recipe, **options)
 
 
 def test_clean_ddp_recipe_passes() -> None:
@@ -80,7 +80,7 @@ def test_batch_dependent_layer_suggests_sync_batchnorm() -> None:
 
 
 def test_what_cannot_be_observed_is_noted() -> None:
-    result = tp.check_data_parallel(UnobservedRecipe, comparison=TOLERANCE, timeout=60)
+    result = tp.check_parallel(UnobservedRecipe, comparison=TOLERANCE, timeout=60)
     assert result.outcome is tp.Outcome.PASS, result.report()
     assert result.notes == [
         "data stream not checked: the recipe's sample_ids() returns None.",
@@ -89,7 +89,7 @@ def test_what_cannot_be_observed_is_noted() -> None:
 
 
 def test_model_and_optimizer_inside_list_and_dict_entries_are_observed() -> None:
-    result = tp.check_data_parallel(NestedRecipe(fault="grads_summed"), steps=1, timeout=60)
+    result = tp.check_parallel(NestedRecipe(fault="grads_summed"), steps=1, timeout=60)
     assert result.outcome is tp.Outcome.FAIL, result.report()
     first = result.first_violation
     assert first is not None and (first.path, first.cause) == ("gradients.fc1.weight", "loss_not_averaged")
@@ -132,7 +132,7 @@ def test_unsynchronized_gradients_make_the_replicas_drift() -> None:
 def test_pipeline_stages_are_not_taken_for_replicas() -> None:
     """A correct two-stage GPipe pipeline (each rank holds half the layers, under the whole model's names) is no
     world of replicas: the check abstains and says why, rather than a FAIL blaming unsynchronized gradients."""
-    result = tp.check_data_parallel(GPipeMLP, world_size=2, steps=1, timeout=60)
+    result = tp.check_parallel(GPipeMLP, world_size=2, steps=1, timeout=60)
     assert result.outcome is tp.Outcome.ABSTAIN and result.violations == [], result.report()
     assert result.reason is not None and result.reason.startswith(
         "rank 0 does not hold the model the reference trains: it lacks layers.2.bias, layers.2.weight, "
@@ -171,7 +171,7 @@ class ReportSnapshot(tp.TestCase):
     def test_first_violation_report(self) -> None:
         result = check("rank_drops_samples", steps=1)
         self.assertExpectedInline(result.report(), """\
-trainparity data_parallel check: FAIL at data.sample_ids (rank_shard_missing, step 1, sample 6)
+trainparity parallel check: FAIL at data.sample_ids (rank_shard_missing, step 1, sample 6)
 config: backend='gloo', comparison='tolerance(rtol=0.0001, atol=1e-06)', isolation='process', precision='float64', recipe="data_parallel_recipes:DDPRecipe(fault='rank_drops_samples')", seed=0, steps=1, world_size=2
 
 First violation: data.sample_ids (step 1, sample 6, kind: missing_id, cause: rank_shard_missing)
@@ -192,8 +192,8 @@ All violations (9):
   9. parameters.fc2.bias (step 1, rank 0, kind: parameter_mismatch)""")  # noqa: E501
 
 
-def _run_recording(monkeypatch: pytest.MonkeyPatch, fault: str, timeout: float) -> tuple[tp.DataParallelResult,
-                                                                                         dict[int, int], list[str]]:
+def _run_recording(monkeypatch: pytest.MonkeyPatch, fault: str, timeout: float) -> tuple[tp.ParallelResult,
+                                                                                     dict[int, int], list[str]]:
     """Run a faulty recipe; return the result, {pid: rank} of every process that ran it, and the scratch dirs."""
     from trainparity._parallel import _check as _data_parallel
 
@@ -269,29 +269,29 @@ def test_rank_that_dies_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -
 )
 def test_bad_arguments_are_rejected(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
-        tp.check_data_parallel(DDPRecipe, **kwargs)
+        tp.check_parallel(DDPRecipe, **kwargs)
 
 
 def test_nccl_needs_a_gpu_per_rank() -> None:
     # A CPU build has no nccl at all; a GPU machine has fewer than 64 GPUs.
     with pytest.raises(ValueError, match="backend='nccl' (is not available|needs one GPU per rank)"):
-        tp.check_data_parallel(DDPRecipe, backend="nccl", world_size=64)
+        tp.check_parallel(DDPRecipe, backend="nccl", world_size=64)
 
 
 class MixinTest(tp.TestCase):
     def test_pass_returns_the_result(self) -> None:
-        result = self.assertDataParallelEquivalent(DDPRecipe, comparison=TOLERANCE, steps=2, timeout=60)
+        result = self.assertParallelEquivalent(DDPRecipe, comparison=TOLERANCE, steps=2, timeout=60)
         self.assertIs(result.outcome, tp.Outcome.PASS)
 
     def test_fail_raises_with_the_report(self) -> None:
         with self.assertRaises(AssertionError) as caught:
-            self.assertDataParallelEquivalent(DDPRecipe(fault="no_ddp"), comparison=TOLERANCE, steps=1, timeout=60)
+            self.assertParallelEquivalent(DDPRecipe(fault="no_ddp"), comparison=TOLERANCE, steps=1, timeout=60)
         self.assertIn("First violation: gradients.fc1.weight (step 1, rank 1, kind: gradient_mismatch, cause: "
                       "grads_not_synchronized)", str(caught.exception))
 
     def test_error_reraises_the_users_exception(self) -> None:
         with self.assertRaises(ValueError) as caught:
-            self.assertDataParallelEquivalent(DDPRecipe(fault="raises"), timeout=60)
+            self.assertParallelEquivalent(DDPRecipe(fault="raises"), timeout=60)
         self.assertIsInstance(caught.exception, tp.RecipeError)
         self.assertIn("rank 1 cannot go on", str(caught.exception))
 
@@ -299,8 +299,8 @@ class MixinTest(tp.TestCase):
 class PlainUnittestMixinTest(tp.TrainParityMixin, unittest.TestCase):
     def test_mixin_without_expecttest(self) -> None:
         with self.assertRaises(self.failureException):
-            self.assertDataParallelEquivalent(DDPRecipe(fault="same_shard"), comparison=TOLERANCE, steps=1,
-                                              timeout=60)
+            self.assertParallelEquivalent(DDPRecipe(fault="same_shard"), comparison=TOLERANCE, steps=1,
+                                          timeout=60)
 
 
 # -- the torchrun example, launched by the harness: 2 ranks, a file store ------------------------------------
@@ -367,14 +367,14 @@ def test_shards_of_a_batch_drawn_with_replacement_are_judged_as_a_multiset() -> 
 
 
 def test_check_judges_a_reference_batch_drawn_with_replacement() -> None:
-    from trainparity._parallel._judge import judge_data_parallel
+    from trainparity._parallel._judge import judge_parallel
     from trainparity._parallel._trace import RankStep, RankTrace
 
     def trace(*steps: list[int | str]) -> RankTrace:
         return RankTrace([RankStep(i, ids, {}, {}, []) for i, ids in enumerate(steps, 1)], 1, [], {})
 
-    result = judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})
+    result = judge_parallel(trace([1, 1, 2]), [trace([1]), trace([2, 2])], tp.ExactComparison(), {})
     assert result.outcome is tp.Outcome.FAIL, result.report()
     assert [(v.kind, v.sample_id, v.step) for v in result.violations] == [
         ("missing_id", 1, 1), ("cross_rank_duplicate", 2, 1)]
-    assert judge_data_parallel(trace([1, 1, 2]), [trace([1]), trace([1, 2])], tp.ExactComparison(), {}).passed
+    assert judge_parallel(trace([1, 1, 2]), [trace([1]), trace([1, 2])], tp.ExactComparison(), {}).passed

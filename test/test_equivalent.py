@@ -179,8 +179,8 @@ IGNORING = {
                                                 **ignore), ["ema"]),
     "accumulation": (lambda **ignore: tp.check_accumulation(ForgetsToScale, **ignore),
                      ["gradients", "parameters", "optimizer.state.*"]),
-    "data_parallel": (lambda **ignore: tp.check_data_parallel(DDPRecipe(fault="grads_summed"), world_size=2, steps=2,
-                                                              **ignore), ["gradients.*", "parameters"]),
+    "parallel": (lambda **ignore: tp.check_parallel(DDPRecipe(fault="grads_summed"), world_size=2, steps=2,
+                                                    **ignore), ["gradients.*", "parameters"]),
 }
 
 

@@ -49,8 +49,8 @@ MISUSES: dict[str, tuple[Callable[[], object], str]] = {
     "coverage ranks": (lambda: tp.check_coverage(5, policy=tp.NoCrossRankOverlap()), "ranks= must be a mapping"),  # type: ignore[arg-type]
     "coverage policy": (lambda: tp.check_coverage({0: [[1]]}, policy=[]), "policy= is an empty list"),
     "padding": (lambda: tp.ExpectedPadding(range(3), padding=-1), "padding=...) must be an int >= 0"),
-    "world_size": (lambda: tp.check_data_parallel(NeverRuns, world_size=1), "world_size= must be an int >= 2"),
-    "backend": (lambda: tp.check_data_parallel(NeverRuns, backend=2), "backend= must be a string"),  # type: ignore[arg-type]
+    "world_size": (lambda: tp.check_parallel(NeverRuns, world_size=1), "world_size= must be an int >= 2"),
+    "backend": (lambda: tp.check_parallel(NeverRuns, backend=2), "backend= must be a string"),  # type: ignore[arg-type]
     "optimizer coverage steps": (lambda: tp.check_optimizer_coverage(NeverRuns, steps=-1), "steps= must be an int"),
     "frozen globs": (lambda: tp.check_frozen(NeverRuns, frozen=3), "frozen= must be a glob"),  # type: ignore[arg-type]
     "eval_modules": (lambda: tp.check_train_mode(NeverRuns, eval_modules=[""]), "eval_modules= must hold"),

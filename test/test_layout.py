@@ -18,7 +18,7 @@ pytestmark = pytest.mark.exact
 PACKAGE = pathlib.Path(trainparity.__file__).resolve().parent
 #: the public faces and the one-concept modules that stand at the top of the package
 TOP_LEVEL = {"__init__", "__main__", "probe", "strategies", "_version", "_assertions", "_testing", "_cli",
-             "_pytest_plugin", "_compat", "_validation", "_records"}
+             "_pytest_plugin", "_compat", "_validation", "_records", "_deprecated"}
 #: no file longer than this many lines
 MOST_LINES = 600
 

@@ -1,4 +1,4 @@
-"""check_data_parallel on DTensor parallelism: FSDP2 and tensor parallel on a CPU mesh (gloo), and the module
+"""check_parallel on DTensor parallelism: FSDP2 and tensor parallel on a CPU mesh (gloo), and the module
 outputs the tensor-parallel diagnosis records."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.numeric, pytest.mark.torch_internals]
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fsdp2_trains_like_one_process(world_size: int) -> None:
-    result = tp.check_data_parallel(FSDPRecipe(), world_size=world_size, steps=2, timeout=120)
+    result = tp.check_parallel(FSDPRecipe(), world_size=world_size, steps=2, timeout=120)
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
@@ -31,7 +31,7 @@ DIVIDE_FACTOR = pytest.mark.skipif(not hasattr(FSDPModule, "set_gradient_divide_
                                               pytest.param("divide_factor_1", "loss_not_averaged",
                                                            marks=DIVIDE_FACTOR)])
 def test_fsdp2_faults_are_named(fault: str, cause: str) -> None:
-    result = tp.check_data_parallel(FSDPRecipe(fault), world_size=2, steps=2, timeout=120)
+    result = tp.check_parallel(FSDPRecipe(fault), world_size=2, steps=2, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.cause, first.step) == (cause, 1), result.report()
@@ -41,12 +41,12 @@ def test_fsdp2_faults_are_named(fault: str, cause: str) -> None:
 
 
 def test_a_2x2_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
-    result = tp.check_data_parallel(TwoDimRecipe(), world_size=4, steps=2, timeout=180)
+    result = tp.check_parallel(TwoDimRecipe(), world_size=4, steps=2, timeout=180)
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
 def test_a_2x2_mesh_whose_tensor_parallel_peers_read_different_samples_fails() -> None:
-    result = tp.check_data_parallel(TwoDimRecipe("tp_rank_in_sampler"), world_size=4, steps=1, timeout=180)
+    result = tp.check_parallel(TwoDimRecipe("tp_rank_in_sampler"), world_size=4, steps=1, timeout=180)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.step, first.rank) == ("gradients.embed.weight", 1, 1), result.report()
@@ -65,19 +65,19 @@ def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> Non
 
 
 def test_tensor_parallel_ranks_reading_the_same_batch_train_like_one_process() -> None:
-    result = tp.check_data_parallel(TensorParallelMLP(), world_size=2, steps=2, timeout=120)
+    result = tp.check_parallel(TensorParallelMLP(), world_size=2, steps=2, timeout=120)
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
 def test_tensor_parallel_ranks_reading_different_batches_fail_on_the_data() -> None:
-    result = tp.check_data_parallel(TensorParallelMLP("rank_seeded_shuffle"), world_size=2, steps=2, timeout=120)
+    result = tp.check_parallel(TensorParallelMLP("rank_seeded_shuffle"), world_size=2, steps=2, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert first.path == "data.sample_ids", result.report()
 
 
 def test_unreduced_row_parallel_output_is_named() -> None:
-    result = tp.check_data_parallel(TensorParallelMLP("missing_reduction"), world_size=2, steps=2, timeout=120)
+    result = tp.check_parallel(TensorParallelMLP("missing_reduction"), world_size=2, steps=2, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.kind, first.cause, first.step) == (
@@ -90,7 +90,7 @@ def test_unreduced_row_parallel_output_is_named() -> None:
 
 
 def test_unreduced_input_gradient_names_the_layer_with_partial_gradients() -> None:
-    result = tp.check_data_parallel(TensorParallelMLP("missing_grad_reduction"), world_size=2, steps=1, timeout=120)
+    result = tp.check_parallel(TensorParallelMLP("missing_grad_reduction"), world_size=2, steps=1, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.rank, first.cause) == ("gradients.embed.weight", 1, "tp_partial_not_reduced")

@@ -152,7 +152,7 @@ def test_a_timed_out_accumulation_check_returns_soon_after_its_timeout(isolation
 
 def test_a_hanging_rank_of_a_large_world_ends_the_check_soon_after_its_timeout(pid_dir: pathlib.Path) -> None:
     started = time.monotonic()
-    result = tp.check_data_parallel(Faulty("hang", pid_dir=str(pid_dir)), world_size=12, steps=2, timeout=20)
+    result = tp.check_parallel(Faulty("hang", pid_dir=str(pid_dir)), world_size=12, steps=2, timeout=20)
     elapsed = time.monotonic() - started
     assert result.outcome is tp.Outcome.ERROR and result.error is not None, result.report()
     assert result.error.kind == "timeout" and "in inject" in (result.error.traceback or ""), result.report()
@@ -221,7 +221,7 @@ def test_a_seed_out_of_range_is_refused_at_the_call(seed: int) -> None:
     with pytest.raises(ValueError, match="seed="):
         tp.check_accumulation(Faulty, seed=seed)
     with pytest.raises(ValueError, match="seed="):
-        tp.check_data_parallel(Faulty, world_size=2, seed=seed)
+        tp.check_parallel(Faulty, world_size=2, seed=seed)
 
 
 # 7. Reports ---------------------------------------------------------------------------------------------------

@@ -33,7 +33,10 @@ from trainparity.quickstarts import coverage as coverage_quickstart
 pytestmark = pytest.mark.exact
 
 SCRIPT = pathlib.Path(__file__).resolve().parent / "scripts" / "loop_shapes_train.py"
-DATA_PARALLEL: dict[str, Any] = {"steps": 1, "comparison": tp.ToleranceComparison(rtol=1e-4, atol=1e-6), "timeout": 60}
+#: what round 3's `tp.check_data_parallel(DDPRecipe(fault="grads_summed"), steps=1, ...).to_json()` wrote (commit
+#: 4ce55ed, before the check was renamed `tp.check_parallel`): its check is "data_parallel"
+ROUND_3_DATA_PARALLEL = pathlib.Path(__file__).resolve().parent / "data" / "round3_data_parallel.json"
+PARALLEL: dict[str, Any] = {"steps": 1, "comparison": tp.ToleranceComparison(rtol=1e-4, atol=1e-6), "timeout": 60}
 
 
 def script(*arguments: str) -> list[str]:
@@ -60,8 +63,8 @@ CHECKS: dict[str, Callable[[], tp.Result]] = {
                                                              cycles=1, isolation="inprocess"),
     "check_coverage pass": lambda: ranks_reading(lambda rank: rank),
     "check_coverage fail": lambda: ranks_reading(lambda rank: 0),
-    "check_data_parallel pass": lambda: tp.check_data_parallel(DDPRecipe(), **DATA_PARALLEL),
-    "check_data_parallel fail": lambda: tp.check_data_parallel(DDPRecipe(fault="grads_summed"), **DATA_PARALLEL),
+    "check_parallel pass": lambda: tp.check_parallel(DDPRecipe(), **PARALLEL),
+    "check_parallel fail": lambda: tp.check_parallel(DDPRecipe(fault="grads_summed"), **PARALLEL),
     "check_optimizer_coverage pass": lambda: tp.check_optimizer_coverage(optimizer_coverage.FineTune),
     "check_optimizer_coverage fail": lambda: tp.check_optimizer_coverage(
         optimizer_coverage.HeadReplacedAfterOptimizer),
@@ -165,6 +168,24 @@ def test_a_newer_schema_is_refused_with_what_to_do(coverage: tp.CoverageResult) 
     with pytest.raises(ValueError, match=rf"schema_version {SCHEMA_VERSION + 1} \(written by trainparity 99.0\), "
                                          rf"newer than trainparity {tp.__version__} reads .*upgrade trainparity"):
         tp.Result.from_json(json.dumps(document))
+
+
+def test_round_3_json_of_the_renamed_data_parallel_check_reads_to_a_parallel_result() -> None:
+    text = ROUND_3_DATA_PARALLEL.read_text().removesuffix("\n")
+    assert json.loads(text)["check"] == "data_parallel"
+    for reader in (tp.Result, tp.ParallelResult):
+        read = reader.from_json(text)
+        assert type(read) is tp.ParallelResult, reader
+        # everything as round 3 wrote it (its version included) but the check's name, now the new one
+        assert read.to_json() == text.replace('"check": "data_parallel"', '"check": "parallel"')
+        assert read.report().startswith(
+            "trainparity parallel check: FAIL at gradients.fc1.weight (loss_not_averaged, step 1, rank 0)\n")
+        assert read.recorded is not None and read.recorded.trainparity_version == "0.1.0"
+    with pytest.raises(ValueError, match=r"^the JSON is a parallel check's result \(ParallelResult\), not a "
+                                         r"ResumeResult"):
+        tp.ResumeResult.from_json(text)
+    # the old name is read, not known as a check of its own
+    assert "data_parallel" not in _TYPES
 
 
 def test_the_version_and_environment_read_are_written_again(coverage: tp.CoverageResult) -> None:

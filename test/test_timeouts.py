@@ -75,8 +75,8 @@ CHECKS: dict[str, Callable[[tp.Recipe, str, float], tp.Result]] = {
                                                                 timeout=timeout),
     "accumulation": lambda recipe, isolation, timeout: tp.check_accumulation(recipe, microbatches=2, cycles=1,
                                                                             isolation=isolation, timeout=timeout),
-    "data_parallel": lambda recipe, isolation, timeout: tp.check_data_parallel(recipe, world_size=2, steps=2,
-                                                                              isolation=isolation, timeout=timeout),
+    "parallel": lambda recipe, isolation, timeout: tp.check_parallel(recipe, world_size=2, steps=2,
+                                                                    isolation=isolation, timeout=timeout),
     "optimizer_coverage": lambda recipe, isolation, timeout: tp.check_optimizer_coverage(
         recipe, steps=2, isolation=isolation, timeout=timeout),
     "mixed_precision": lambda recipe, isolation, timeout: tp.check_mixed_precision(
@@ -88,13 +88,13 @@ CHECKS: dict[str, Callable[[tp.Recipe, str, float], tp.Result]] = {
         recipe, steps=2, overfit=True, isolation=isolation, timeout=timeout),
 }
 #: each check's own isolation, and the phases of a run it reaches
-DEFAULTS = {"resume": "process", "accumulation": "inprocess", "data_parallel": "process",
+DEFAULTS = {"resume": "process", "accumulation": "inprocess", "parallel": "process",
             "optimizer_coverage": "inprocess", "mixed_precision": "inprocess", "frozen": "inprocess",
             "train_mode": "inprocess", "training": "inprocess"}
 PHASES = {
     "resume": ("setup", "batches", "step", "sample_ids", "save", "load"),
     "accumulation": ("setup", "batches", "step"),
-    "data_parallel": ("setup", "batches", "step", "sample_ids"),
+    "parallel": ("setup", "batches", "step", "sample_ids"),
     "optimizer_coverage": ("setup", "batches", "step"),
     "mixed_precision": ("setup", "batches", "step"),
     "frozen": ("setup", "batches", "step"),
@@ -118,7 +118,7 @@ def test_a_hang_in_any_phase_ends_the_check_soon_after_its_timeout(check: str, p
 
 @pytest.mark.parametrize(("check", "isolation"), [
     (check, isolation) for check, own in DEFAULTS.items() for isolation in TIMEOUTS
-    if isolation != own and not (check == "data_parallel" and isolation == "inprocess")
+    if isolation != own and not (check == "parallel" and isolation == "inprocess")
 ])
 def test_the_timeout_holds_in_every_isolation(check: str, isolation: str, tmp_path: pathlib.Path) -> None:
     timeout = TIMEOUTS[isolation]

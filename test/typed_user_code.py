@@ -58,8 +58,8 @@ def test_functions() -> None:
     assert_type(accumulation, tp.AccumulationResult)
     coverage = tp.assert_coverage({0: [[0, 1]], 1: [[2, 3]]}, policy=tp.ExactlyOnce(range(4)), abstain="skip")
     assert_type(coverage, tp.CoverageResult)
-    parallel = tp.assert_data_parallel_equivalent("my_project.training:Regression", world_size=2, timeout=60)
-    assert_type(parallel, tp.DataParallelResult)
+    parallel = tp.assert_parallel_equivalent("my_project.training:Regression", world_size=2, timeout=60)
+    assert_type(parallel, tp.ParallelResult)
     assert_type(tp.check_resume(Untyped, isolation="spawn"), tp.ResumeResult)
 
 
@@ -74,6 +74,6 @@ class TestRegression(tp.TestCase):
         assert_type(self.assertResumeEquivalent(Regression, steps=4, msg=lambda report: report), tp.ResumeResult)
         assert_type(self.assertAccumulationEquivalent(Regression, microbatches=4), tp.AccumulationResult)
         assert_type(self.assertCoverage({0: [0]}, policy=[tp.NoCrossRankOverlap()]), tp.CoverageResult)
-        assert_type(self.assertDataParallelEquivalent(Regression, steps=2), tp.DataParallelResult)
+        assert_type(self.assertParallelEquivalent(Regression, steps=2), tp.ParallelResult)
         result = tp.check_coverage({0: [0]}, policy=tp.ExactlyOnce(range(1)))
         assert_type(self.assertTrainParity(result), tp.CoverageResult)

@@ -8,7 +8,7 @@ Faults (test/fault_recipes.py: raise, hang, os._exit, SIGKILL, SIGSEGV, sys.exit
 grandchild in its own session, a grandchild left behind, a child ignoring SIGTERM, a huge
 message, escape codes, huge output, reading stdin, looking for the environment on disk) are
 injected into each phase (setup, batches, step, save, load, sample_ids) of the resume,
-accumulation, data-parallel and preflight checks in each isolation that runs children, the faults a
+accumulation, parallel and preflight checks in each isolation that runs children, the faults a
 process survives (raise, hang, huge message, escape codes) also in this process
 (isolation="inprocess"), and into the iterables `check_coverage` reads (with a timeout). Then
 signals to the parent (SIGINT at many moments, SIGTERM) and leak loops of many checks. For each
@@ -56,7 +56,7 @@ TIMEOUTS = {"inprocess": 3.0, "process": 5.0, "spawn": 15.0}
 CHECK_PHASES = {
     "resume": recipes.PHASES,
     "accumulation": ("setup", "batches", "step"),  # it never asks for sample IDs
-    "data parallel": ("setup", "batches", "step", "sample_ids"),
+    "parallel": ("setup", "batches", "step", "sample_ids"),
     "optimizer coverage": ("setup", "batches", "step"),
     "mixed precision": ("setup", "batches", "step"),
     "frozen": ("setup", "batches", "step"),
@@ -167,12 +167,12 @@ def run_row(check: str, isolation: str, phase: str, fault: str, call: Callable[[
 
 def matrix(quick: bool, isolations: tuple[str, ...]) -> Iterator[Row]:
     for check, phases in CHECK_PHASES.items():
-        for isolation in (*isolations, "inprocess") if check != "data parallel" else isolations:
+        for isolation in (*isolations, "inprocess") if check != "parallel" else isolations:
             for phase in ("step",) if quick else phases:
                 for fault in INPROCESS_FAULTS if isolation == "inprocess" else recipes.FAULTS:
                     if fault == "huge_output" and phase != "step":
                         continue  # where the output comes from changes nothing
-                    timeout = TIMEOUTS[isolation] + (5.0 if check == "data parallel" else 0.0)
+                    timeout = TIMEOUTS[isolation] + (5.0 if check == "parallel" else 0.0)
                     yield run_row(check, isolation, phase, fault, _checker(check, isolation, phase, fault, timeout),
                                   timeout)
     for fault in COVERAGE_FAULTS:
@@ -196,7 +196,7 @@ def _checker(check: str, isolation: str, phase: str, fault: str, timeout: float)
             return tp.check_train_mode(recipe, steps=2, isolation=isolation, timeout=timeout)
         if check == "training":
             return tp.check_training(recipe, steps=2, isolation=isolation, timeout=timeout)
-        return tp.check_data_parallel(recipe, world_size=2, steps=2, isolation=isolation, timeout=timeout)
+        return tp.check_parallel(recipe, world_size=2, steps=2, isolation=isolation, timeout=timeout)
 
     return call
 

@@ -1,8 +1,8 @@
 """The nccl and CUDA paths of the checks, on one machine with GPUs (run by tools/gpu_check.sh).
 
 Prints one line per check and exits 1 if a clean recipe does not PASS or a faulty one does not
-FAIL with its cause. Needs CUDA; the data-parallel and multi-rank resume parts need at least two GPUs
-(one per rank). The autocast part: float16 autocast on a CUDA model passes (`CudaAutocast`, and the
+FAIL with its cause. Needs CUDA; the parallel (DDP on nccl) and multi-rank resume parts need at least two
+GPUs (one per rank). The autocast part: float16 autocast on a CUDA model passes (`CudaAutocast`, and the
 example language model on the GPU), `torch.autocast("cpu")` around a CUDA model fails
 `autocast_ineffective`.
 """
@@ -140,10 +140,10 @@ def main() -> int:
            tp.check_mixed_precision("autocast_lm:AutocastLM(device='cuda')", steps=2), tp.Outcome.PASS)
     gpus = torch.cuda.device_count()
     if gpus >= 2:
-        expect("DDP on nccl, clean", tp.check_data_parallel("gpu_check:CudaDDP", world_size=2, backend="nccl"),
+        expect("DDP on nccl, clean", tp.check_parallel("gpu_check:CudaDDP", world_size=2, backend="nccl"),
                tp.Outcome.PASS)
-        expect("DDP on nccl, no DDP wrapper", tp.check_data_parallel("gpu_check:CudaDDP(no_ddp=True)",
-                                                                      world_size=2, backend="nccl"),
+        expect("DDP on nccl, no DDP wrapper", tp.check_parallel("gpu_check:CudaDDP(no_ddp=True)",
+                                                                 world_size=2, backend="nccl"),
                tp.Outcome.FAIL)
         for resume_world_size in (2, 1):
             expect(f"resume of DDP on nccl, 2 ranks then {resume_world_size}",

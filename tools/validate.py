@@ -2,7 +2,7 @@
 
 Runs the clean controls and the deliberate faults of the realistic examples in `examples/`
 through the resume, accumulation and coverage checks, (surface "parallel") through the resume
-and data-parallel checks on real gloo ranks, (surfaces "frozen" and "train-mode") through the
+and parallel checks on real gloo ranks, (surfaces "frozen" and "train-mode") through the
 frozen, optimizer coverage and train-mode checks, (surface "autocast") through the mixed-precision
 check's autocast coverage, (surface "workers") through the worker randomness check and (surface
 "training") through the verdicts of check_training, and compares each outcome and first violation
@@ -149,13 +149,13 @@ def ranks(fault: str | None = None, resume_world_size: int = 2, dropout: float =
 
 def sharded(fault: str | None = None) -> Callable[[], tp.Result]:
     """The FSDP2 tiny GPT on 2 ranks against one process."""
-    return lambda: tp.check_data_parallel(fsdp_gpt.TinyGPT(dropout=0.0, fault=fault), world_size=2, steps=3,
-                                          timeout=120.0)
+    return lambda: tp.check_parallel(fsdp_gpt.TinyGPT(dropout=0.0, fault=fault), world_size=2, steps=3,
+                                     timeout=120.0)
 
 
 def tensor_parallel(fault: str | None = None) -> Callable[[], tp.Result]:
     """The tensor-parallel MLP on 2 ranks against one process."""
-    return lambda: tp.check_data_parallel(tp_mlp.TensorParallelMLP(fault), world_size=2, steps=2, timeout=120.0)
+    return lambda: tp.check_parallel(tp_mlp.TensorParallelMLP(fault), world_size=2, steps=2, timeout=120.0)
 
 
 #: what examples/finetune.py freezes after its warm-up, and keeps in eval mode (mmcv's norm_eval)
@@ -564,7 +564,7 @@ def document(rows: list[Row], total: float) -> str:
         "Resume checks: `steps=8, resume_at=3`; accumulation checks: `microbatches=4, cycles=2`, judged in "
         "float64 (the default `precision`) with its fixed tolerance. Parallel checks on gloo ranks: resume "
         "`steps=6, resume_at=3, world_size=2` (exact on the same world size, float64 with its tolerance across "
-        "a change), data parallel `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
+        "a change), `check_parallel` `world_size=2` in float64. Frozen checks: `steps=2` (optimizer coverage: "
         "`steps=2`); train-mode checks: `steps=3`, `eval_modules` the frozen stages. Autocast: "
         "`check_mixed_precision(steps=2)`; workers: `check_worker_randomness(epochs=2)`. Training checks: "
         "`check_training` with the arguments each case names (`TRAINING` in tools/validate.py). Equivalent "

@@ -11,13 +11,13 @@ from trainparity._assertions import (
     RecipeError,
     assert_accumulation_equivalent,
     assert_coverage,
-    assert_data_parallel_equivalent,
     assert_equivalent,
     assert_frozen,
     assert_loss_decreases,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
     assert_overfits_one_batch,
+    assert_parallel_equivalent,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
     assert_runs_equivalent,
@@ -37,8 +37,10 @@ from trainparity._coverage import (
     check_coverage,
     tag_workers,
 )
+from trainparity._deprecated import RENAMED as _RENAMED
+from trainparity._deprecated import warn_once as _warn_once
 from trainparity._equivalent import check_equivalent
-from trainparity._parallel import check_data_parallel
+from trainparity._parallel import check_parallel
 from trainparity._preflight import (
     check_frozen,
     check_mixed_precision,
@@ -50,10 +52,10 @@ from trainparity._recipe._recipe import LossAccounting, Recipe
 from trainparity._results._result import (
     AccumulationResult,
     CoverageResult,
-    DataParallelResult,
     FrozenResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
+    ParallelResult,
     Result,
     ResumeResult,
     RunsResult,
@@ -78,7 +80,6 @@ __all__ = [
     "ChildError",
     "CoverageRecorder",
     "CoverageResult",
-    "DataParallelResult",
     "DistinctEpochOrder",
     "ExactComparison",
     "ExactlyOnce",
@@ -90,6 +91,7 @@ __all__ = [
     "NoCrossRankOverlap",
     "OptimizerCoverageResult",
     "Outcome",
+    "ParallelResult",
     "Recipe",
     "RecipeError",
     "Result",
@@ -107,13 +109,13 @@ __all__ = [
     "__version__",
     "assert_accumulation_equivalent",
     "assert_coverage",
-    "assert_data_parallel_equivalent",
     "assert_equivalent",
     "assert_frozen",
     "assert_loss_decreases",
     "assert_mixed_precision_safe",
     "assert_optimizer_coverage",
     "assert_overfits_one_batch",
+    "assert_parallel_equivalent",
     "assert_resume_equivalent",
     "assert_resume_script_equivalent",
     "assert_runs_equivalent",
@@ -122,11 +124,11 @@ __all__ = [
     "assert_worker_randomness",
     "check_accumulation",
     "check_coverage",
-    "check_data_parallel",
     "check_equivalent",
     "check_frozen",
     "check_mixed_precision",
     "check_optimizer_coverage",
+    "check_parallel",
     "check_resume",
     "check_resume_script",
     "check_runs_equivalent",
@@ -144,6 +146,12 @@ __all__ = [
 if _TYPE_CHECKING:  # type checkers see the module; at run time it is imported on first use
     from trainparity import strategies
 
+    # The names of round 3, renamed (`__getattr__` below serves them at run time, with a DeprecationWarning):
+    # type checkers see the same objects under the old names, outside `__all__`.
+    check_data_parallel = check_parallel
+    assert_data_parallel_equivalent = assert_parallel_equivalent
+    DataParallelResult = ParallelResult
+
 
 def __getattr__(name: str) -> object:
     # `tp.strategies` imports hypothesis (a tenth of a second) only when a test asks for it.
@@ -151,4 +159,11 @@ def __getattr__(name: str) -> object:
         import importlib
 
         return importlib.import_module("trainparity.strategies")
+    # A renamed name (`tp.check_data_parallel`): the new object itself, with a DeprecationWarning the first time
+    # (at the user's line: warnings skips the import machinery's frames of `from trainparity import ...`).
+    new = _RENAMED.get(name)
+    if new is not None:
+        _warn_once(f"tp.{name}", f"tp.{new}", same="the same class" if name[0].isupper() else "same arguments",
+                   stacklevel=2)
+        return globals()[new]
     raise AttributeError(f"module 'trainparity' has no attribute {name!r}")

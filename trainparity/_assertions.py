@@ -26,7 +26,7 @@ from trainparity._accumulation._run import SplitFunction
 from trainparity._coverage import check_coverage
 from trainparity._coverage._check import Policies, RankBatches
 from trainparity._equivalent import check_equivalent
-from trainparity._parallel import check_data_parallel
+from trainparity._parallel import check_parallel
 from trainparity._preflight import (
     check_frozen,
     check_mixed_precision,
@@ -41,10 +41,10 @@ from trainparity._recipe._reference import RecipeSpec
 from trainparity._results._result import (
     AccumulationResult,
     CoverageResult,
-    DataParallelResult,
     FrozenResult,
     MixedPrecisionResult,
     OptimizerCoverageResult,
+    ParallelResult,
     Result,
     ResumeResult,
     RunsResult,
@@ -288,7 +288,7 @@ def assert_coverage(
     return assert_passed(result, msg=msg, abstain=abstain)
 
 
-def assert_data_parallel_equivalent(
+def assert_parallel_equivalent(
     recipe: RecipeSpec,
     *,
     world_size: int = 2,
@@ -302,12 +302,12 @@ def assert_data_parallel_equivalent(
     ignore: str | Sequence[str] | None = None,
     msg: Message = None,
     abstain: Abstain = "fail",
-) -> DataParallelResult:
-    """`tp.check_data_parallel(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
+) -> ParallelResult:
+    """`tp.check_parallel(...)` as an assertion: the result on PASS, AssertionError with the report otherwise."""
     __tracebackhide__ = True
     validate_options(msg, abstain)
-    result = check_data_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
-                                 seed=seed, precision=precision, timeout=timeout, isolation=isolation, ignore=ignore)
+    result = check_parallel(recipe, world_size=world_size, backend=backend, steps=steps, comparison=comparison,
+                            seed=seed, precision=precision, timeout=timeout, isolation=isolation, ignore=ignore)
     return assert_passed(result, msg=msg, abstain=abstain)
 
 

@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from trainparity._deprecated import first_use, message
 from trainparity._recipe._spec import Spec, SpecError, load_spec, parse_spec
 from trainparity._results._result import Result, TrainingResult
 from trainparity._results._violation import ChildError, Outcome
@@ -379,8 +380,8 @@ COMMANDS = (
                             "cause (default), or run them in eval mode to judge the loop alone", type=None,
                             choices=("fail", "eval")),
                      IGNORE_OPTION)),
-    CheckCommand("data-parallel", "data-parallel equivalence: real torch.distributed ranks against the same recipe in "
-                 "a world of size 1", "check_data_parallel", (
+    CheckCommand("parallel", "parallel equivalence: real torch.distributed ranks against the same recipe in a world "
+                 "of size 1", "check_parallel", (
                      *_recipe_options(("process", "spawn"), "process; spawn for nccl"),
                      Option("world_size", "number of ranks (default: %(default)s)"),
                      Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
@@ -501,6 +502,10 @@ COMMANDS = (
 )
 
 
+#: commands renamed, still run under their old names (a deprecation line on stderr, once): old -> new
+RENAMED_COMMANDS = {"data-parallel": "parallel"}
+
+
 def command_checks() -> dict[str, list[Callable[..., Result]]]:
     """The checks each command runs: its options are the checks' keywords, with the checks' own defaults."""
     return {command.name: command.checks() for command in COMMANDS}
@@ -525,8 +530,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _renamed(argv: Sequence[str] | None) -> list[str]:
+    """The command line with a renamed command's old name (the first word that is not an option) replaced by its
+    new one, said once on stderr: the old name is in no help text, and runs the same."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((index for index, word in enumerate(words) if not word.startswith("-")), None)
+    if command is not None and words[command] in RENAMED_COMMANDS:
+        old, new = words[command], RENAMED_COMMANDS[words[command]]
+        old_name, new_name = f"python -m trainparity {old}", f"python -m trainparity {new}"
+        if first_use(old_name):
+            print(message(old_name, new_name), file=sys.stderr)
+        words[command] = new
+    return words
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_renamed(argv))
     prog = f"python -m trainparity {args.command}"
     run: CheckCommand | RecipesOrCommands = args.command_run
     try:

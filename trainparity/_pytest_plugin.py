@@ -38,7 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds a whole check may take, all its runs included, before it ends in ERROR "
                          f"(default: {_session.BUILTIN.timeout:g})")
     group.addoption("--trainparity-precision", choices=("float64", "native"), default=None,
-                    help="precision of the accumulation, data-parallel and equivalence checks (default: float64)")
+                    help="precision of the accumulation, parallel and equivalence checks (default: float64)")
 
 
 class Tally:

@@ -19,13 +19,13 @@ from trainparity._assertions import (
     Host,
     assert_accumulation_equivalent,
     assert_coverage,
-    assert_data_parallel_equivalent,
     assert_equivalent,
     assert_frozen,
     assert_loss_decreases,
     assert_mixed_precision_safe,
     assert_optimizer_coverage,
     assert_overfits_one_batch,
+    assert_parallel_equivalent,
     assert_passed,
     assert_resume_equivalent,
     assert_resume_script_equivalent,
@@ -34,6 +34,7 @@ from trainparity._assertions import (
     assert_training_healthy,
     assert_worker_randomness,
 )
+from trainparity._deprecated import renamed
 
 # Failures point at the user's line, not ours (unittest and pytest both honour these).
 __unittest = True
@@ -89,7 +90,10 @@ class TrainParityMixin:
     assertEquivalent = _method(assert_equivalent)
     assertAccumulationEquivalent = _method(assert_accumulation_equivalent)
     assertCoverage = _method(assert_coverage)
-    assertDataParallelEquivalent = _method(assert_data_parallel_equivalent)
+    assertParallelEquivalent = _method(assert_parallel_equivalent)
+    #: round 3's name: warns once (DeprecationWarning), at the test's line
+    assertDataParallelEquivalent = _method(renamed(assert_parallel_equivalent, "self.assertDataParallelEquivalent",
+                                                   "self.assertParallelEquivalent", stacklevel=2))
     assertOptimizerCoverage = _method(assert_optimizer_coverage)
     assertMixedPrecisionSafe = _method(assert_mixed_precision_safe)
     assertFrozen = _method(assert_frozen)

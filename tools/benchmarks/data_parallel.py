@@ -1,4 +1,4 @@
-"""A 3-step, world-size-2 data-parallel check of a small DDP MLP on gloo (3 processes: 2 ranks and the
+"""A 3-step, world-size-2 parallel check of a small DDP MLP on gloo (3 processes: 2 ranks and the
 reference), against one torch import.
 
 Cold: the first check in a new interpreter that has imported trainparity and the recipe (it starts the
@@ -44,8 +44,8 @@ class DDPRegression(tp.Recipe):
 def probe() -> None:
     """The cold check, then the median of 7 warm ones, in this (fresh) interpreter, printed as JSON."""
     def check() -> None:
-        result = tp.check_data_parallel(DDPRegression, world_size=2, steps=3,
-                                        comparison=tp.ToleranceComparison(rtol=1e-4, atol=1e-6))
+        result = tp.check_parallel(DDPRegression, world_size=2, steps=3,
+                                   comparison=tp.ToleranceComparison(rtol=1e-4, atol=1e-6))
         assert result.outcome is tp.Outcome.PASS, result.report()
 
     print(json.dumps({"cold": seconds(check), "warm": median_seconds(check, 7)}))
@@ -54,7 +54,7 @@ def probe() -> None:
 def run(args: argparse.Namespace) -> None:
     reference = torch_import_seconds()
     figures = in_fresh_interpreter("data_parallel", "probe")
-    print(f"data-parallel check, world size 2 (gloo, CPU), 3 steps; {machine()}")
+    print(f"parallel check of DDP, world size 2 (gloo, CPU), 3 steps; {machine()}")
     print(f"python -c 'import torch':  {reference:.3f} s (median of 3)")
     print(f"cold check (first, starts the fork server): {figures['cold']:.3f} s = "
           f"{figures['cold'] / reference:.2f}x torch import (target < 3x)")

@@ -1,6 +1,6 @@
 """Sample IDs: what a batch's `sample_ids` returned, as a flat int64 or str array, or a TypeError naming where.
 
-Shared by the resume and data-parallel traces (`normalize_sample_ids`, a list per step) and the
+Shared by the resume and parallel traces (`normalize_sample_ids`, a list per step) and the
 coverage audit (`sample_id_array`, `batch_id_array`, and `plain_int_ids`, the fast path for the
 common batch: a 1-d integer tensor or array). Needs numpy and torch only.
 """

@@ -20,6 +20,8 @@ from trainparity._results._violation import ChildError, JsonValue, Outcome, Viol
 
 #: check name -> its result type, for `Result.from_json` (filled as the types are defined)
 _TYPES: dict[str, type[Result]] = {}
+#: a check's name in the JSON of an older trainparity -> its name now, whose result type reads it
+RENAMED_CHECKS = {"data_parallel": "parallel"}  # round 3's tp.check_data_parallel, now tp.check_parallel
 
 
 @dataclasses.dataclass
@@ -100,17 +102,18 @@ class Result:
         too, where the text has the environment), its `report()` the report of the result that wrote it.
 
         On `tp.Result` it returns the type of the check the JSON names (a `tp.ResumeResult`, ...); on a result type
-        it refuses another check's JSON. `exception` is None (the live exception stayed in its process). Raises
-        ValueError naming what is wrong with text not written by `to_json()`, and for the schema of a newer
-        trainparity.
+        it refuses another check's JSON. The JSON of a check since renamed (round 3's "data_parallel") reads to the
+        type of its new name (a `tp.ParallelResult`), whose `to_json()` and report name the check by its new name.
+        `exception` is None (the live exception stayed in its process). Raises ValueError naming what is wrong with
+        text not written by `to_json()`, and for the schema of a newer trainparity.
         """
         document = read_json(text)
-        kind = _TYPES.get(document.check)
+        kind = _TYPES.get(RENAMED_CHECKS.get(document.check, document.check))
         if kind is None:
             raise ValueError(f"not a trainparity result's JSON: unknown check {document.check!r} (this trainparity "
                              f"knows {', '.join(sorted(_TYPES))})")
         if not issubclass(kind, cls):
-            raise ValueError(f"the JSON is a {document.check} check's result ({kind.__name__}), not a "
+            raise ValueError(f"the JSON is a {kind.check} check's result ({kind.__name__}), not a "
                              f"{cls.__name__}: read it with tp.Result.from_json or tp.{kind.__name__}.from_json")
         unknown = sorted(set(document.extra) - set(kind.json_fields))
         missing = [name for name in kind.json_fields if name not in document.extra]
