@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from parallel_recipes import FSDPRecipe, TensorParallelMLP, TwoDimRecipe
+from parallel_recipes import FSDPRecipe, TensorParallelMLP
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
@@ -38,18 +38,6 @@ def test_fsdp2_faults_are_named(fault: str, cause: str) -> None:
     # gathered values under the unsharded model's paths
     assert first.path in {"gradients.embed.weight", "gradients.embed.bias", "gradients.head.weight",
                           "gradients.head.bias"}, result.report()
-
-
-def test_a_2x2_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
-    result = tp.check_parallel(TwoDimRecipe(), world_size=4, steps=2, timeout=180)
-    assert result.outcome is tp.Outcome.PASS, result.report()
-
-
-def test_a_2x2_mesh_whose_tensor_parallel_peers_read_different_samples_fails() -> None:
-    result = tp.check_parallel(TwoDimRecipe("tp_rank_in_sampler"), world_size=4, steps=1, timeout=180)
-    first = result.first_violation
-    assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
-    assert (first.path, first.step, first.rank) == ("gradients.embed.weight", 1, 1), result.report()
 
 
 def test_shards_read_by_equal_groups_of_peers_are_judged_once_per_group() -> None:

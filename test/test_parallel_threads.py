@@ -41,6 +41,12 @@ def test_threads_and_gloo_processes_give_the_same_report(recipe: TwoDimRecipe) -
     assert threads.outcome is gloo.outcome, (threads.report(), gloo.report())
     assert threads.outcome is (tp.Outcome.PASS if recipe.fault is None and not recipe.dropout else tp.Outcome.FAIL)
     assert _without_backend(threads.report()) == _without_backend(gloo.report())
+    if recipe.fault == "tp_rank_in_sampler":  # the peers of a replica on the mesh read other samples: named at once
+        first = threads.first_violation
+        assert first is not None
+        assert (first.path, first.cause, first.step, first.rank) == (
+            "data.sample_ids", "peers_read_different_samples", 1, 1), threads.report()
+        assert "Rank 1 (dp=0, tp=1) read other samples than rank 0 (dp=0, tp=0), its peer along tp" in first.message
 
 
 def test_a_64_rank_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
@@ -55,7 +61,8 @@ def test_tensor_parallel_peers_reading_other_samples_are_named_at_16_ranks() -> 
                                backend="threads", steps=1, timeout=120)
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
-    assert (first.step, first.rank) == (1, 1), result.report()
+    assert (first.cause, first.step, first.rank) == ("peers_read_different_samples", 1, 1), result.report()
+    assert first.message.startswith("Rank 1 (dp=0, tp=1) read other samples than rank 0 (dp=0, tp=0)")
 
 
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:

@@ -11,12 +11,14 @@ from typing import Any
 
 import torch
 
-from trainparity._parallel._shards import reads_whole_batch, shard_violations
+from trainparity._parallel._mesh import Mesh, named, peer_groups
+from trainparity._parallel._shards import peer_violations, reads_whole_batch, shard_violations
 from trainparity._parallel._tensor_parallel import (
     RATIO_TOLERANCE,
     TP_PARTIAL,
     PartialOutput,
     partial_output,
+    peer_partial_output,
     sharded_after,
     sums_to,
 )
@@ -94,6 +96,9 @@ def judge_parallel(
 
     notes: list[str] = []
     data_checked = True
+    meshes = [rank.mesh for rank in ranks]
+    groups = peer_groups(meshes)
+    uses = ranks[0].parallelism if ranks else []
     # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
     batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
                               if not module.endswith("(SyncBatchNorm)")})
@@ -104,18 +109,22 @@ def judge_parallel(
         if expected.sample_ids is None or len(shards) < len(observed):
             data_checked = False
         else:
-            for violation in shard_violations(step, expected.sample_ids, shards):
+            peers = [] if groups is None else peer_violations(step, groups, shards, meshes)
+            for violation in peers or shard_violations(step, expected.sample_ids, shards):
                 add(violation)
         # A tensor-parallel group computes one model on the same batch: partial sums over its ranks are telling.
         group = expected.sample_ids is not None and len(shards) == len(observed) and reads_whole_batch(
             expected.sample_ids, shards)
         partial = partial_output(expected, observed, comparison) if group else None
+        if partial is None and groups is not None and not group:
+            partial = peer_partial_output(expected, observed, groups[0], comparison)
         found: list[tuple[Violation, Leaf, Leaf]] = []
         first = observed[0]
         step_cause = None if partial is None else TP_PARTIAL
         for rank, other in enumerate(observed[1:], start=1):
             for m in compared(first.gradients, other.gradients, "gradients", comparison):
-                reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group)
+                reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group,
+                                                  meshes, uses)
                 step_cause = step_cause or reason
                 found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
                               first.gradients.get(m.path), other.gradients.get(m.path)))
@@ -128,8 +137,8 @@ def judge_parallel(
             for m in compared(first.parameters, other.parameters, "parameters", comparison):
                 found.append((_violation("replica_mismatch", "replicas", m, step, rank,
                                          TP_PARTIAL if step_cause == TP_PARTIAL else "grads_not_synchronized",
-                                         f"Rank {rank}'s parameters after the step differ from rank 0's: the replicas "
-                                         "drifted apart."),
+                                         f"{named(rank, meshes).capitalize()}'s parameters after the step differ "
+                                         f"from {named(0, meshes)}'s: the replicas drifted apart."),
                               first.parameters.get(m.path), other.parameters.get(m.path)))
         for m in compared(expected.parameters, first.parameters, "parameters", comparison):
             found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
@@ -137,7 +146,7 @@ def judge_parallel(
                           expected.parameters.get(m.path), first.parameters.get(m.path)))
         if found and partial is not None:
             # The module that summed partially comes first: the gradients and parameters follow from it.
-            add(_partial_violation(step, partial), partial.expected.values, partial.actual.values)
+            add(_partial_violation(step, partial, meshes), partial.expected.values, partial.actual.values)
         for violation, e, a in found:
             add(violation, e, a)
     if not data_checked:
@@ -205,32 +214,54 @@ def _scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
 
 def _unsynchronized(
     path: str, rank: int, expected: RankStep, observed: Sequence[RankStep], layers: dict[str, str],
-    partial: PartialOutput | None, group: bool,
+    partial: PartialOutput | None, group: bool, meshes: Sequence[Mesh | None], uses: Sequence[str],
 ) -> tuple[str, str]:
-    """The cause and preface of gradients that differ between rank 0 and `rank`."""
+    """The cause and preface of gradients that differ between rank 0 and `rank`, the hint in the terms of the
+    parallelism the ranks use."""
+    who = named(rank, meshes).capitalize()
     if partial is not None:
-        return TP_PARTIAL, f"Rank {rank} holds other gradients than rank 0 at its optimizer step."
+        return TP_PARTIAL, f"{who} holds other gradients than {named(0, meshes)} at its optimizer step."
     if group and sums_to(expected.gradients.get(path), [o.gradients.get(path) for o in observed]):
         layer = layers.get(path, path)
         after = sharded_after(layer, expected, observed[0])
         culprit = "a tensor-parallel layer after it" if after is None else f"{after}, the first sharded layer after it,"
         return TP_PARTIAL, (
-            f"Rank {rank} holds other gradients than rank 0 at its optimizer step, and the ranks' gradients sum to "
+            f"{who} holds other gradients than rank 0 at its optimizer step, and the ranks' gradients sum to "
             f"the reference's: the gradients of {layer} on each rank are a partial sum that was never all-reduced "
             f"({culprit} whose input gradient is not all-reduced in backward?).")
+    hints = [hint for use, hint in UNSYNCHRONIZED_HINTS.items() if use in uses] or [UNSYNCHRONIZED_HINTS["ddp"]]
     return "grads_not_synchronized", (
-        f"Rank {rank} holds other gradients than rank 0 at its optimizer step: they were not all-reduced (a model "
-        "used without its DDP wrapper, parameters left outside fully_shard, or no_sync() at the step?).")
+        f"{who} holds other gradients than {named(0, meshes)} at its optimizer step: they were not all-reduced "
+        f"({'; or '.join(hints)}?).")
 
 
-def _partial_violation(step: int, partial: PartialOutput) -> Violation:
+#: where gradients that were never reduced come from, by the parallelism in use
+UNSYNCHRONIZED_HINTS = {
+    "ddp": "a model used without its DDP wrapper, or no_sync() at the step",
+    "fsdp": "parameters left outside fully_shard, or set_requires_gradient_sync(False) at the step",
+    "tensor parallel": "a tensor-parallel layer whose output or input gradient is not all-reduced over its group "
+                       "(a plan entry such as RowwiseParallel(output_layouts=Partial()), or a manual collective "
+                       "left out)",
+}
+
+
+def _partial_violation(step: int, partial: PartialOutput, meshes: Sequence[Mesh | None]) -> Violation:
     expected = partial.expected
     sampled = "" if expected.stride == 1 else f" (every {expected.stride}th element of the flattened output)"
+    who = named(partial.rank, meshes)
+    if partial.peers:
+        mesh = meshes[partial.rank]
+        dims = ", ".join(mesh.model_dims) if mesh is not None else "the model dimensions"
+        told = (f"{expected.module} returned other values on {who} than in the reference for the same samples"
+                f"{sampled}, and the outputs of its peers along {dims} (the ranks that read the same samples) sum to "
+                f"the reference's: its output on each rank is a partial sum that was never all-reduced over {dims}")
+    else:
+        told = (f"{expected.module} returned other values on {who} than in the reference{sampled}, and the "
+                "ranks' outputs sum to the reference's: its output on each rank is a partial sum that was never "
+                "all-reduced")
     return _violation(
         "output_mismatch", "outputs", partial.mismatch, step, partial.rank, TP_PARTIAL,
-        f"{expected.module} returned other values on rank {partial.rank} than in the reference{sampled}, and the "
-        "ranks' outputs sum to the reference's: its output on each rank is a partial sum that was never all-reduced "
-        "(a row-parallel layer without the all-reduce of its output, such as RowwiseParallel(output_layouts="
+        f"{told} (a row-parallel layer without the all-reduce of its output, such as RowwiseParallel(output_layouts="
         "Partial()) or a missing dist.all_reduce?).")
 
 

@@ -22,6 +22,7 @@ from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._hooks import HookSet
 from trainparity._observe._observer import Observer
 from trainparity._observe._watches import BatchDependentModules, Float64Only
+from trainparity._parallel._mesh import find_mesh, parallelism
 from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, WorldTrace
 from trainparity._process._child import error_record
 from trainparity._process._threads import RankFailure, ThreadedWorld
@@ -30,6 +31,7 @@ from trainparity._recipe._recipe import Recipe, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
+from trainparity._state._entries import state_objects
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import to_leaf
@@ -111,7 +113,9 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
         batch_dependent = sorted(batch_dependent_modules.ran)
         optimizers = len(observer.optimizers)
         layers = owning_layers(observer)
-    return RankTrace(steps, optimizers, batch_dependent, layers), (recipe, state)
+        mesh = find_mesh(observer.modules)
+        uses = parallelism(dict(state_objects(state, nn.Module)), mesh)
+    return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses), (recipe, state)
 
 
 def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,

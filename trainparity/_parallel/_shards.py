@@ -7,7 +7,11 @@ from collections.abc import Sequence
 
 from trainparity._batches._sample_ids import SampleIds
 from trainparity._coverage import ExactlyOnce, check_coverage
+from trainparity._parallel._mesh import Mesh, named
 from trainparity._results._violation import Violation
+
+#: peers of one replica on a mesh (ranks that differ only along its model dimensions) read other samples
+PEERS_DIFFER = "peers_read_different_samples"
 
 SHARD_CAUSES = {"cross_rank_duplicate": "rank_shard_overlap", "missing_id": "rank_shard_missing"}
 
@@ -93,4 +97,32 @@ def _multiset_shard_violations(step: int, expected: SampleIds, ranks: Sequence[S
                 sample_id=sample,
             )
         )
+    return found
+
+
+def peer_violations(step: int, groups: Sequence[Sequence[int]], ranks: Sequence[SampleIds],
+                    meshes: Sequence[Mesh | None]) -> list[Violation]:
+    """On a mesh, the peers of each replica (ranks that differ only along the model dimensions: `tp`, ...) compute
+    one model on one batch: each must read the samples its group's first rank read."""
+    found = []
+    for group in groups:
+        first = ranks[group[0]]
+        for rank in group[1:]:
+            if Counter(map(str, ranks[rank])) == Counter(map(str, first)):
+                continue
+            mesh = meshes[rank]
+            dims = ", ".join(mesh.model_dims) if mesh is not None else "the model dimensions"
+            found.append(Violation(
+                kind="peer_mismatch",
+                path="data.sample_ids",
+                message=f"{named(rank, meshes).capitalize()} read other samples than {named(group[0], meshes)}, its "
+                f"peer along {dims}: ranks that differ only along {dims} compute one replica of the model and must "
+                "read the same shard of the batch (is the sampler given the global rank and world size instead of "
+                "the data-parallel dimension's, mesh['dp'].get_local_rank() and mesh['dp'].size()?).",
+                step=step,
+                expected=list(first),
+                actual=list(ranks[rank]),
+                cause=PEERS_DIFFER,
+                rank=rank,
+            ))
     return found

@@ -57,6 +57,9 @@ class PartialOutput:
     actual: ModuleOutput
     rank: int
     mismatch: Mismatch
+    #: found among the peers of one replica on a mesh (the reference's output for their samples), not among
+    #: ranks that all read the reference's batch
+    peers: bool = False
 
 
 def partial_output(reference: RankStep, ranks: Sequence[RankStep], comparison: Comparison) -> PartialOutput | None:
@@ -80,4 +83,40 @@ def partial_output(reference: RankStep, ranks: Sequence[RankStep], comparison: C
         if mismatch is None or not sums_to(expected.values, [output.values for output in found]):
             return None
         return PartialOutput(expected, found[rank], rank, dataclasses.replace(mismatch, path=expected.key))
+    return None
+
+
+def peer_partial_output(reference: RankStep, ranks: Sequence[RankStep], peers: Sequence[int],
+                        comparison: Comparison) -> PartialOutput | None:
+    """On a mesh, the first module output of the replica of `peers` (ranks that read the same samples) that differs
+    from the reference's rows for those samples on some peer, when the peers' outputs sum to those rows. Outputs
+    whose first dimension is not the batch, sampled ones and shards (another shape) are passed over."""
+    batch, ids = reference.sample_ids, ranks[peers[0]].sample_ids
+    if batch is None or ids is None or len(set(map(str, batch))) != len(batch):
+        return None
+    where = {str(sample): index for index, sample in enumerate(batch)}
+    if any(str(sample) not in where for sample in ids):
+        return None
+    rows = torch.tensor([where[str(sample)] for sample in ids])
+    recorded = [{output.key: output for output in ranks[rank].outputs} for rank in peers]
+    for expected in reference.outputs:
+        if expected.stride != 1 or not expected.shape or expected.shape[0] != len(batch):
+            continue
+        wanted = expected.values[rows]
+        outputs = [by_key.get(expected.key) for by_key in recorded]
+        found = [output for output in outputs if output is not None]
+        if len(found) < len(outputs):
+            return None
+        if any(output.stride != 1 or list(output.values.shape) != list(wanted.shape) for output in found):
+            continue
+        mismatches = [compare_leaves(wanted, output.values, comparison) for output in found]
+        index = next((index for index, mismatch in enumerate(mismatches) if mismatch is not None), None)
+        if index is None:
+            continue
+        mismatch = mismatches[index]
+        if mismatch is None or not sums_to(wanted, [output.values for output in found]):
+            return None
+        shown = dataclasses.replace(expected, shape=list(wanted.shape), values=wanted)
+        return PartialOutput(shown, found[index], peers[index], dataclasses.replace(mismatch, path=expected.key),
+                             peers=True)
     return None

@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from trainparity._batches._sample_ids import SampleIds
+from trainparity._parallel._mesh import Mesh
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
 
@@ -50,6 +51,10 @@ class RankTrace:
     batch_dependent: list[str]
     #: parameter name -> the layer that owns it, as reports name it ("model.embed (Linear)")
     layers: dict[str, str]
+    #: the rank's place on the mesh its DTensors live on, when its dimensions are named
+    mesh: Mesh | None = None
+    #: what the State's modules use, as hints speak of it ("ddp", "fsdp", "tensor parallel")
+    parallelism: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
