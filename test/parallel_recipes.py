@@ -76,7 +76,8 @@ class FSDPRecipe(ParallelRecipe):
 class TwoDimRecipe(ParallelRecipe):
     """A (world / tp) x tp mesh (2x2 at four ranks): tensor parallel within each row (`tp`), FSDP2 across rows
     (`dp`). The ranks of a tensor-parallel group read the same shard of the global batch; the groups split it.
-    `tp_rank_in_sampler` shards the data by the global rank, so the peers of a group read different samples.
+    `tp_rank_in_sampler` shards the data by the global rank, so the peers of a group read different samples;
+    `loss_divided_by_tp` averages the loss over the tp peers as well, who read the same samples.
     `dropout` draws a mask per rank after the MLP (each rank's own stream, seeded alike)."""
 
     def __init__(self, fault: str | None = None, tp: int = 2, global_batch: int = 8, dropout: float = 0.0) -> None:
@@ -85,7 +86,7 @@ class TwoDimRecipe(ParallelRecipe):
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
-        tp_size = min(world, self.tp)
+        tp_size = self.tp_size = min(world, self.tp)
         mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
         model: nn.Module = MLP()
         parallelize(model, mesh["tp"])
@@ -99,10 +100,10 @@ class TwoDimRecipe(ParallelRecipe):
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
 
     def step(self, state: tp.State, batch: Any) -> torch.Tensor:
-        if not self.dropout:
-            return super().step(state, batch)
         _, x, y = batch
         loss = nn.functional.mse_loss(nn.functional.dropout(state.model(x), self.dropout), y)
+        if self.fault == "loss_divided_by_tp":  # a mean over the tp peers, who read the same samples
+            loss = loss / self.tp_size
         state.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         state.optimizer.step()

@@ -65,6 +65,16 @@ def test_tensor_parallel_peers_reading_other_samples_are_named_at_16_ranks() -> 
     assert first.message.startswith("Rank 1 (dp=0, tp=1) read other samples than rank 0 (dp=0, tp=0)")
 
 
+def test_a_loss_averaged_over_the_tensor_parallel_peers_too_names_the_factor_and_the_dimension() -> None:
+    result = tp.check_parallel(TwoDimRecipe("loss_divided_by_tp", tp=4), world_size=8, backend="threads", steps=1,
+                               timeout=120)
+    first = result.first_violation
+    assert first is not None and (first.path, first.cause, first.rank) == (
+        "gradients.embed.weight", "loss_not_averaged", 0), result.report()
+    assert first.message.startswith("Rank 0's gradients are 1/4 of the reference's, one over the size of the mesh "
+                                    "dimension tp (4): the loss was averaged over the ranks of tp once too often")
+
+
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:
     # DDPRecipe asserts LOCAL_RANK and WORLD_SIZE against dist.get_rank() and dist.get_world_size() on each rank
     result = tp.check_parallel(DDPRecipe(), world_size=4, backend="threads", steps=2, timeout=60)

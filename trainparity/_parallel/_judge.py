@@ -130,7 +130,7 @@ def judge_parallel(
                               first.gradients.get(m.path), other.gradients.get(m.path)))
         for m in compared(expected.gradients, first.gradients, "gradients", comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
-            cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause)
+            cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause, meshes[0])
             step_cause = cause
             found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
         for rank, other in enumerate(observed[1:], start=1):
@@ -163,13 +163,13 @@ def judge_parallel(
 
 
 def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, batch_dependent: list[str],
-                              step_cause: str | None) -> tuple[str | None, str]:
+                              step_cause: str | None, mesh: Mesh | None) -> tuple[str | None, str]:
     """Why rank 0's gradient differs from the reference's: the step's cause where one is known, else a gradient
-    world_size times too large, else a layer that normalizes by its shard's statistics."""
-    if step_cause is None and _scaled(expected, actual, world_size):
-        return "loss_not_averaged", (
-            f"Rank 0's gradients are world_size ({world_size}) times the reference's: the loss (or the gradients) "
-            "was summed across ranks where the full batch takes a mean.")
+    scaled by the size of the world or of a mesh dimension (`_scaled_by`), else a layer that normalizes by its
+    shard's statistics."""
+    scaled = None if step_cause is not None else _scaled_by(expected, actual, world_size, mesh)
+    if scaled is not None:
+        return "loss_not_averaged", scaled
     if step_cause is None and batch_dependent:
         return "batch_dependent_layer", (
             f"Rank 0's gradients at its optimizer step differ from the reference's: {', '.join(batch_dependent)} "
@@ -178,6 +178,25 @@ def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, bat
             "with nn.SyncBatchNorm.convert_sync_batchnorm(model).")
     return step_cause, ("Rank 0's gradients at its optimizer step differ from the reference's (the same recipe in a "
                         "world of size 1).")
+
+
+def _scaled_by(expected: Leaf, actual: Leaf, world_size: int, mesh: Mesh | None) -> str | None:
+    """The preface of gradients that are the reference's times the size of the world or of a mesh dimension, or
+    divided by it: a loss summed, or averaged once too often, over that group; None otherwise."""
+    dims = [] if mesh is None else [(name, size) for name, size in zip(mesh.names, mesh.shape, strict=True)
+                                     if 1 < size < world_size]
+    for name, size in [("", world_size), *dims]:
+        group = f"world_size ({size})" if not name else f"the size of the mesh dimension {name} ({size})"
+        if _scaled(expected, actual, size):
+            where = f"over {name}" if name else "across ranks"
+            return (f"Rank 0's gradients are {group} times the reference's: the loss (or the gradients) was summed "
+                    f"{where} where the full batch takes a mean.")
+        if _scaled(actual, expected, size):
+            over = f"the ranks of {name}" if name else "every rank"
+            return (f"Rank 0's gradients are 1/{size} of the reference's, one over {group}: the loss was averaged "
+                    f"over {over} once too often (divided by their number while the gradient reduction averages "
+                    "over them too, or averaged over ranks that read the same samples).")
+    return None
 
 
 def compared(expected: Snapshot, actual: Snapshot, root: str, comparison: Comparison) -> Iterator[Mismatch]:
