@@ -77,12 +77,14 @@ class TwoDimRecipe(ParallelRecipe):
     """A (world / tp) x tp mesh (2x2 at four ranks): tensor parallel within each row (`tp`), FSDP2 across rows
     (`dp`). The ranks of a tensor-parallel group read the same shard of the global batch; the groups split it.
     `tp_rank_in_sampler` shards the data by the global rank, so the peers of a group read different samples;
-    `loss_divided_by_tp` averages the loss over the tp peers as well, who read the same samples.
+    `loss_divided_by_tp` averages the loss over the tp peers as well, who read the same samples. `clip` clips the
+    gradients by the norm of the whole gradients ("global") or, a bug, of each rank's own shards ("local").
     `dropout` draws a mask per rank after the MLP (each rank's own stream, seeded alike)."""
 
-    def __init__(self, fault: str | None = None, tp: int = 2, global_batch: int = 8, dropout: float = 0.0) -> None:
+    def __init__(self, fault: str | None = None, tp: int = 2, global_batch: int = 8, dropout: float = 0.0,
+                 clip: str | None = None) -> None:
         super().__init__(fault)
-        self.tp, self.global_batch, self.dropout = tp, global_batch, dropout
+        self.tp, self.global_batch, self.dropout, self.clip = tp, global_batch, dropout, clip
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
@@ -106,8 +108,18 @@ class TwoDimRecipe(ParallelRecipe):
             loss = loss / self.tp_size
         state.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
+        if self.clip is not None:
+            self._clip([p for p in state.model.parameters() if p.grad is not None])
         state.optimizer.step()
         return loss.detach()
+
+    def _clip(self, parameters: list[nn.Parameter]) -> None:
+        grads: list[Any] = [p.grad for p in parameters]  # DTensors
+        if self.clip == "local":  # each rank's norm of its own shards
+            norm = torch.nn.utils.get_total_norm([grad.to_local() for grad in grads])
+        else:  # the whole gradients' norm, each DTensor gathered
+            norm = torch.stack([grad.full_tensor().norm() for grad in grads]).norm()
+        torch.nn.utils.clip_grads_with_norm_(parameters, 0.05, norm, foreach=False)
 
 
 class WideDDPRecipe(ParallelRecipe):

@@ -75,6 +75,16 @@ def test_a_loss_averaged_over_the_tensor_parallel_peers_too_names_the_factor_and
                                     "dimension tp (4): the loss was averaged over the ranks of tp once too often")
 
 
+def test_clipping_by_the_norm_of_each_rank_s_shards_is_named_and_by_the_whole_norm_passes() -> None:
+    local = tp.check_parallel(TwoDimRecipe(clip="local"), world_size=4, backend="threads", steps=1, timeout=120)
+    first = local.first_violation
+    assert first is not None and (first.cause, first.step) == ("clip_norm_local", 1), local.report()
+    assert "clipped its gradients (clip_grads_with_norm_) by a norm of " in first.message, local.report()
+    assert "computed over this rank's local shards" in first.message
+    whole = tp.check_parallel(TwoDimRecipe(clip="global"), world_size=4, backend="threads", steps=1, timeout=120)
+    assert whole.outcome is tp.Outcome.PASS, whole.report()
+
+
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:
     # DDPRecipe asserts LOCAL_RANK and WORLD_SIZE against dist.get_rank() and dist.get_world_size() on each rank
     result = tp.check_parallel(DDPRecipe(), world_size=4, backend="threads", steps=2, timeout=60)

@@ -56,6 +56,7 @@ from trainparity._observe._records import CallRecord, Clip, ScalerStep, StepEven
 from trainparity._observe._watches import DropoutOff
 from trainparity._state._entries import State, parameter_names, state_objects, unwrap_module
 from trainparity._state._rng import rng_fingerprint
+from trainparity._state._tensors import gathered
 
 #: the clipping functions users call, by the name reports use
 CLIP_FUNCTIONS: dict[Callable[..., Any], str] = {
@@ -120,6 +121,17 @@ class _ScalerWatch(HookSet):
                 step.scale_after = float(self.scaler.get_scale())
 
 
+def _applied_norm(function: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> float | None:
+    """The norm a clipping call scaled by (see `Clip.applied`), its DTensor gathered."""
+    if function == "clip_grads_with_norm_":  # (parameters, max_norm, total_norm, ...): `args` follow parameters
+        given = args[1] if len(args) > 1 else kwargs.get("total_norm")
+    elif function.startswith("clip_grad_norm"):
+        given = result
+    else:
+        return None
+    return None if given is None else _float(gathered(given) if isinstance(given, torch.Tensor) else given)
+
+
 class _ClipWatch(HookSet):
     """The clipping functions (`CLIP_FUNCTIONS`, wherever the recipe's modules imported them): each outermost call
     in an observed call of `step()`, its parameters, the norm it was given, and a sample of the gradients before it
@@ -138,19 +150,23 @@ class _ClipWatch(HookSet):
     def _wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+            record = None
             if self._depth == 0 and self.observer.call is not None:
                 # Materialize a generator once, so that the original sees the same parameters.
                 parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-                self._record(function, parameters)
+                record = self._record(function, parameters)
             self._depth += 1
             try:
-                return original(parameters, *args, **kwargs)
+                result = original(parameters, *args, **kwargs)
             finally:
                 self._depth -= 1
+            if record is not None:
+                record.applied = _applied_norm(function, args, kwargs, result)
+            return result
 
         return wrapper
 
-    def _record(self, function: str, parameters: list[torch.Tensor]) -> None:
+    def _record(self, function: str, parameters: list[torch.Tensor]) -> Clip:
         observer = self.observer
         assert observer.call is not None
         names = [observer.names.get(id(p), "<unnamed>") for p in parameters]
@@ -163,7 +179,9 @@ class _ClipWatch(HookSet):
         norm = math.sqrt(sum((n / (scale or 1.0)) ** 2 for n, (_, _, scale) in zip(norms, with_grads, strict=True)))
         scales = {scale for _, _, scale in with_grads if scale is not None}
         self.before.append(grads)
-        observer.call.clips.append(Clip(function, names, bool(scales), max(scales) if scales else None, norm))
+        clip = Clip(function, names, bool(scales), max(scales) if scales else None, norm)
+        observer.call.clips.append(clip)
+        return clip
 
     def pre_clip(self, grads: dict[str, torch.Tensor | None]) -> dict[str, torch.Tensor]:
         """Of the parameters in `grads`, the sample of each one's gradient before the call's first clip of it."""

@@ -17,8 +17,12 @@ class Clip:
     #: the gradients it saw were still scaled by an enabled GradScaler (by `scale`)
     scaled: bool
     scale: float | None
-    #: the L2 norm of the gradients it was given, taken together and unscaled: the norm before clipping
+    #: the L2 norm of the gradients it was given, taken together and unscaled (a DTensor's whole): the norm before
+    #: clipping
     norm: float = 0.0
+    #: the norm the clip scaled by: what `clip_grad_norm_` computed and returned, or the `total_norm`
+    #: `clip_grads_with_norm_` was given (None for the others)
+    applied: float | None = None
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ from trainparity._parallel._tensor_parallel import (
 )
 from trainparity._parallel._trace import RankStep, RankTrace
 from trainparity._results._result import ParallelResult
-from trainparity._results._violation import Outcome, Violation, listed
+from trainparity._results._violation import Outcome, Violation, format_number, listed
 from trainparity._state._compare import (
     Comparison,
     ExactComparison,
@@ -120,23 +120,32 @@ def judge_parallel(
             partial = peer_partial_output(expected, observed, groups[0], comparison)
         found: list[tuple[Violation, Leaf, Leaf]] = []
         first = observed[0]
-        step_cause = None if partial is None else TP_PARTIAL
+        clipped = {rank: told for rank, step_of in enumerate(observed)
+                   if (told := local_clip(step_of, expected, named(rank, meshes))) is not None}
+        step_cause = TP_PARTIAL if partial is not None else CLIP_LOCAL if clipped else None
         for rank, other in enumerate(observed[1:], start=1):
             for m in compared(first.gradients, other.gradients, "gradients", comparison):
-                reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial, group,
-                                                  meshes, uses)
+                if step_cause == CLIP_LOCAL:
+                    reason, preface = CLIP_LOCAL, clipped.get(rank, clipped[min(clipped)])
+                else:
+                    reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial,
+                                                      group, meshes, uses)
                 step_cause = step_cause or reason
                 found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
                               first.gradients.get(m.path), other.gradients.get(m.path)))
         for m in compared(expected.gradients, first.gradients, "gradients", comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
-            cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause, meshes[0])
+            if step_cause == CLIP_LOCAL and 0 in clipped:
+                cause, preface = CLIP_LOCAL, clipped[0]
+            else:
+                cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause, meshes[0])
             step_cause = cause
             found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
         for rank, other in enumerate(observed[1:], start=1):
             for m in compared(first.parameters, other.parameters, "parameters", comparison):
                 found.append((_violation("replica_mismatch", "replicas", m, step, rank,
-                                         TP_PARTIAL if step_cause == TP_PARTIAL else "grads_not_synchronized",
+                                         step_cause if step_cause in (TP_PARTIAL, CLIP_LOCAL)
+                                         else "grads_not_synchronized",
                                          f"{named(rank, meshes).capitalize()}'s parameters after the step differ "
                                          f"from {named(0, meshes)}'s: the replicas drifted apart."),
                               first.parameters.get(m.path), other.parameters.get(m.path)))
@@ -160,6 +169,29 @@ def judge_parallel(
             "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
         )
     return ParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+#: the norm for gradient clipping computed over each rank's local shards
+CLIP_LOCAL = "clip_norm_local"
+
+
+def local_clip(step: RankStep, reference: RankStep, who: str) -> str | None:
+    """The preface of a rank whose clipping scaled by another norm than its gradients' whole norm, while that norm is
+    the reference's (the gradients it clipped were right): its norm covered only its shards. None otherwise."""
+    for index, clip in enumerate(step.clips):
+        expected = reference.clips[index] if index < len(reference.clips) else None
+        if clip.applied is None or expected is None or compare_leaves(
+                torch.tensor(clip.applied), torch.tensor(clip.norm), RATIO_TOLERANCE) is None:
+            continue
+        if compare_leaves(torch.tensor(expected.norm), torch.tensor(clip.norm), RATIO_TOLERANCE) is not None:
+            continue
+        return (f"{who.capitalize()} clipped its gradients ({clip.function}) by a norm of "
+                f"{format_number(clip.applied)}, where the norm of the whole gradients it clipped is "
+                f"{format_number(clip.norm)}, as in the reference: the norm for clipping was computed over this "
+                "rank's local shards (DTensor.to_local(), or each rank's part of a gradient) instead of the whole "
+                "gradients (combine each DTensor gradient's norm through full_tensor(), or all-reduce the squared "
+                "local norms over the mesh).")
+    return None
 
 
 def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, batch_dependent: list[str],

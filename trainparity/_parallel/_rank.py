@@ -131,12 +131,13 @@ def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
         try:
             recipe.step(observer.state, batch)
         finally:
-            observer.end_call()
+            call = observer.end_call()
         gradients: Snapshot = {}
         for events in observer.take_step_events().values():
             for event in events:
                 gradients.update(event.grads)
-        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take())
+        yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take(),
+                       call.clips)
 
 
 def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, nn.Module]]:

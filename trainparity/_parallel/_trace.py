@@ -8,6 +8,7 @@ import dataclasses
 import torch
 
 from trainparity._batches._sample_ids import SampleIds
+from trainparity._observe._records import Clip
 from trainparity._parallel._mesh import Mesh
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
@@ -38,6 +39,8 @@ class RankStep:
     gradients: Snapshot
     parameters: Snapshot
     outputs: list[ModuleOutput]
+    #: the clipping calls of the step, with the norm each scaled by and the norm of the whole gradients it clipped
+    clips: list[Clip] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
