@@ -135,6 +135,7 @@ def judge_parallel(
                               first.gradients.get(m.path), other.gradients.get(m.path)))
         for m in compared(expected.gradients, first.gradients, "gradients", comparison):
             e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
+            cause: str | None
             if step_cause == CLIP_LOCAL and 0 in clipped:
                 cause, preface = CLIP_LOCAL, clipped[0]
             else:
