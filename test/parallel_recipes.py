@@ -79,12 +79,14 @@ class TwoDimRecipe(ParallelRecipe):
     `tp_rank_in_sampler` shards the data by the global rank, so the peers of a group read different samples;
     `loss_divided_by_tp` averages the loss over the tp peers as well, who read the same samples. `clip` clips the
     gradients by the norm of the whole gradients ("global") or, a bug, of each rank's own shards ("local").
+    `data_parallel="manual"` averages the gradients over `dp` by hand instead of FSDP2 (`reduced_over_tp`: over `tp`).
     `dropout` draws a mask per rank after the MLP (each rank's own stream, seeded alike)."""
 
     def __init__(self, fault: str | None = None, tp: int = 2, global_batch: int = 8, dropout: float = 0.0,
-                 clip: str | None = None) -> None:
+                 clip: str | None = None, data_parallel: str = "fsdp") -> None:
         super().__init__(fault)
         self.tp, self.global_batch, self.dropout, self.clip = tp, global_batch, dropout, clip
+        self.data_parallel = data_parallel
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
@@ -92,7 +94,9 @@ class TwoDimRecipe(ParallelRecipe):
         mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
         model: nn.Module = MLP()
         parallelize(model, mesh["tp"])
-        fully_shard(model, mesh=mesh["dp"])
+        if self.data_parallel == "fsdp":
+            fully_shard(model, mesh=mesh["dp"])
+        self.mesh = mesh
         dp = mesh["dp"]
         replicas, rank = dp.size(), dp.get_local_rank()
         if self.fault == "tp_rank_in_sampler":
@@ -108,10 +112,22 @@ class TwoDimRecipe(ParallelRecipe):
             loss = loss / self.tp_size
         state.optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
+        if self.data_parallel == "manual":
+            self._average_gradients(state.model)
         if self.clip is not None:
             self._clip([p for p in state.model.parameters() if p.grad is not None])
         state.optimizer.step()
         return loss.detach()
+
+    def _average_gradients(self, model: nn.Module) -> None:
+        """Data parallelism by hand: each gradient (a DTensor's local shard) averaged over the replicas, `dp`; the
+        fault `reduced_over_tp` averages over the tensor-parallel peers instead."""
+        group = self.mesh["tp" if self.fault == "reduced_over_tp" else "dp"]
+        for parameter in model.parameters():
+            grad: Any = parameter.grad
+            local = grad.to_local() if hasattr(grad, "to_local") else grad
+            dist.all_reduce(local, group=group.get_group())
+            local.div_(group.size())
 
     def _clip(self, parameters: list[nn.Parameter]) -> None:
         grads: list[Any] = [p.grad for p in parameters]  # DTensors

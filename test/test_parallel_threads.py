@@ -1,3 +1,4 @@
+# ruff: noqa: E501 - the report snapshots hold report lines verbatim
 """`backend="threads"`: worlds of ranks as threads of one process, judged as gloo processes are.
 
 Each rank of a threaded world has its own random streams, environment (RANK, LOCAL_RANK) and observer patches, as a
@@ -65,24 +66,45 @@ def test_tensor_parallel_peers_reading_other_samples_are_named_at_16_ranks() -> 
     assert first.message.startswith("Rank 1 (dp=0, tp=1) read other samples than rank 0 (dp=0, tp=0)")
 
 
-def test_a_loss_averaged_over_the_tensor_parallel_peers_too_names_the_factor_and_the_dimension() -> None:
-    result = tp.check_parallel(TwoDimRecipe("loss_divided_by_tp", tp=4), world_size=8, backend="threads", steps=1,
-                               timeout=120)
-    first = result.first_violation
-    assert first is not None and (first.path, first.cause, first.rank) == (
-        "gradients.embed.weight", "loss_not_averaged", 0), result.report()
-    assert first.message.startswith("Rank 0's gradients are 1/4 of the reference's, one over the size of the mesh "
-                                    "dimension tp (4): the loss was averaged over the ranks of tp once too often")
+def first_lines(result: tp.Result) -> str:
+    """The report's headline and first violation's message, as the snapshots keep them."""
+    report = result.report()
+    first = report.split("First violation: ", 1)[1].split("\n  Tensor-likes", 1)[0]
+    return f"{report.splitlines()[0]}\nFirst violation: {first}"
 
 
-def test_clipping_by_the_norm_of_each_rank_s_shards_is_named_and_by_the_whole_norm_passes() -> None:
-    local = tp.check_parallel(TwoDimRecipe(clip="local"), world_size=4, backend="threads", steps=1, timeout=120)
-    first = local.first_violation
-    assert first is not None and (first.cause, first.step) == ("clip_norm_local", 1), local.report()
-    assert "clipped its gradients (clip_grads_with_norm_) by a norm of " in first.message, local.report()
-    assert "computed over this rank's local shards" in first.message
-    whole = tp.check_parallel(TwoDimRecipe(clip="global"), world_size=4, backend="threads", steps=1, timeout=120)
-    assert whole.outcome is tp.Outcome.PASS, whole.report()
+class CausesOnAMesh(tp.TestCase):
+    """The causes of composed parallelism, each on a (dp, tp) mesh of threads, with its clean twin where it has one."""
+
+    def test_a_loss_averaged_over_the_tensor_parallel_peers_too_names_the_factor_and_the_dimension(self) -> None:
+        result = tp.check_parallel(TwoDimRecipe("loss_divided_by_tp", tp=4), world_size=8, backend="threads",
+                                   steps=1, timeout=120)
+        self.assertExpectedInline(first_lines(result), """\
+trainparity parallel check: FAIL at gradients.embed.weight (loss_not_averaged, step 1, rank 0)
+First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch, cause: loss_not_averaged)
+  Rank 0's gradients are 1/4 of the reference's, one over the size of the mesh dimension tp (4): the loss was averaged over the ranks of tp once too often (divided by their number while the gradient reduction averages over them too, or averaged over ranks that read the same samples).""")
+
+    def test_clipping_by_the_norm_of_each_rank_s_shards_is_named_and_by_the_whole_norm_passes(self) -> None:
+        local = tp.check_parallel(TwoDimRecipe(clip="local"), world_size=4, backend="threads", steps=1, timeout=120)
+        self.assertExpectedInline(first_lines(local).split(" by a norm of ")[0], """\
+trainparity parallel check: FAIL at gradients.embed.weight (clip_norm_local, step 1, rank 1)
+First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch, cause: clip_norm_local)
+  Rank 1 (dp=0, tp=1) clipped its gradients (clip_grads_with_norm_)""")
+        first = local.first_violation
+        assert first is not None and "computed over this rank's local shards" in first.message, local.report()
+        whole = tp.check_parallel(TwoDimRecipe(clip="global"), world_size=4, backend="threads", steps=1, timeout=120)
+        self.assertEqual(whole.outcome, tp.Outcome.PASS, whole.report())
+
+    def test_gradients_averaged_by_hand_over_the_tensor_parallel_dimension_are_named(self) -> None:
+        manual = tp.check_parallel(TwoDimRecipe(data_parallel="manual"), world_size=4, backend="threads", steps=1,
+                                   timeout=120)
+        self.assertEqual(manual.outcome, tp.Outcome.PASS, manual.report())
+        wrong = tp.check_parallel(TwoDimRecipe("reduced_over_tp", data_parallel="manual"), world_size=4,
+                                  backend="threads", steps=1, timeout=120)
+        self.assertExpectedInline(first_lines(wrong), """\
+trainparity parallel check: FAIL at gradients.embed.weight (reduced_over_wrong_dim, step 1, rank 2)
+First violation: gradients.embed.weight (step 1, rank 2, kind: gradient_mismatch, cause: reduced_over_wrong_dim)
+  Rank 2 (dp=1, tp=0) holds other gradients than rank 0 (dp=0, tp=0) at its optimizer step: the recipe all-reduced the gradient of embed.weight over tp (ranks 0, 1), a dimension that splits the model and whose ranks read the same samples, and never over dp, the dimension that splits the data (dist.all_reduce(grad, group=mesh['dp'].get_group())?).""")
 
 
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:

@@ -273,16 +273,18 @@ class _Routes:
 
 
 def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: dict[Callable[..., Any], str],
-                    make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
+                    make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]],
+                    namespaces: Sequence[Any] | None = None) -> None:
     """Have `make_wrapper(function, name)` called in place of `functions` (torch's, each named) by this thread, in
     torch's namespaces and in the recipe's own modules, where `from torch.nn.utils import clip_grad_norm_` bound the
     name at import (`_Routes`); each undoing goes on `stack`. A function this thread has patched already keeps its
-    first wrapper."""
+    first wrapper. `namespaces`: torch's modules that hold the functions (by default `torch.nn.utils`, its
+    `clip_grad` and `torch.nn.functional`)."""
     import torch.nn.utils.clip_grad as clip_grad
 
     # a function read from torch's namespace while another thread's patch holds it is that patch's router
     functions = {_Routes.originals.get(id(function), function): name for function, name in functions.items()}
-    torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F]
+    torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F] if namespaces is None else list(namespaces)
     recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
     found: list[tuple[Any, str, Callable[..., Any]]] = []
     for namespace in torch_namespaces:

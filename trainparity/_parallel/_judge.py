@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainparity._parallel._mesh import Mesh, named, peer_groups
+from trainparity._parallel._mesh import Mesh, dimension_of, is_data_dim, named, peer_groups
 from trainparity._parallel._shards import peer_violations, reads_whole_batch, shard_violations
 from trainparity._parallel._tensor_parallel import (
     RATIO_TOLERANCE,
@@ -281,10 +281,36 @@ def _unsynchronized(
             f"{who} holds other gradients than rank 0 at its optimizer step, and the ranks' gradients sum to "
             f"the reference's: the gradients of {layer} on each rank are a partial sum that was never all-reduced "
             f"({culprit} whose input gradient is not all-reduced in backward?).")
+    wrong = _reduced_over_model_dim(path, observed[0], meshes)
+    if wrong is not None:
+        return REDUCED_OVER_WRONG_DIM, (
+            f"{who} holds other gradients than {named(0, meshes)} at its optimizer step: {wrong}")
     hints = [hint for use, hint in UNSYNCHRONIZED_HINTS.items() if use in uses] or [UNSYNCHRONIZED_HINTS["ddp"]]
     return "grads_not_synchronized", (
         f"{who} holds other gradients than {named(0, meshes)} at its optimizer step: they were not all-reduced "
         f"({'; or '.join(hints)}?).")
+
+
+#: gradients all-reduced over a mesh dimension that splits the model, never over the one that splits the data
+REDUCED_OVER_WRONG_DIM = "reduced_over_wrong_dim"
+
+
+def _reduced_over_model_dim(path: str, first: RankStep, meshes: Sequence[Mesh | None]) -> str | None:
+    """What rank 0's own all-reduces of the parameter's gradient were over, when they were all over model dimensions
+    (`tp`, ...) of a mesh that has a data dimension of more than one rank; None otherwise."""
+    mesh = meshes[0] if meshes else None
+    if mesh is None:
+        return None
+    data = [name for name, size in zip(mesh.names, mesh.shape, strict=True) if is_data_dim(name) and size > 1]
+    groups = [reduction.ranks for reduction in first.reductions if reduction.parameter == path]
+    dims = [dimension_of(ranks, meshes, 0) for ranks in groups]
+    if not data or not dims or any(dim is None or is_data_dim(dim) for dim in dims):
+        return None
+    over = ", ".join(dict.fromkeys(dim for dim in dims if dim is not None))
+    ranks = listed([str(rank) for rank in groups[0]], 8)
+    return (f"the recipe all-reduced the gradient of {path} over {over} (ranks {ranks}), a dimension "
+            f"that splits the model and whose ranks read the same samples, and never over {', '.join(data)}, the "
+            f"dimension that splits the data (dist.all_reduce(grad, group=mesh[{data[0]!r}].get_group())?).")
 
 
 #: where gradients that were never reduced come from, by the parallelism in use

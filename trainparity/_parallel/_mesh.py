@@ -97,3 +97,18 @@ def named(rank: int, meshes: Sequence[Mesh | None]) -> str:
     """`rank 5 (dp=1, tp=1)` on a mesh, `rank 5` otherwise."""
     mesh = meshes[rank] if rank < len(meshes) else None
     return f"rank {rank}" if mesh is None else f"rank {rank} ({mesh.describe()})"
+
+
+def dimension_of(ranks: Sequence[int], meshes: Sequence[Mesh | None], around: int) -> str | None:
+    """The mesh dimension whose ranks through `around` (those that differ from it along that dimension alone) are
+    `ranks`; None when no dimension's are."""
+    center = meshes[around]
+    if center is None:
+        return None
+    for axis, name in enumerate(center.names):
+        line = [rank for rank, mesh in enumerate(meshes) if mesh is not None and all(
+            index == other for position, (index, other) in enumerate(zip(mesh.coordinate, center.coordinate,
+                                                                          strict=True)) if position != axis)]
+        if sorted(line) == sorted(ranks):
+            return name
+    return None

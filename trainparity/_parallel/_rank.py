@@ -12,18 +12,18 @@ import dataclasses
 import functools
 import pathlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from trainparity._batches._sample_ids import normalize_sample_ids
-from trainparity._observe._hooks import HookSet
+from trainparity._observe._hooks import HookSet, patch_functions
 from trainparity._observe._observer import Observer
 from trainparity._observe._watches import BatchDependentModules, Float64Only
 from trainparity._parallel._mesh import find_mesh, parallelism
-from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, WorldTrace
+from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, Reduction, WorldTrace
 from trainparity._process._child import error_record
 from trainparity._process._threads import RankFailure, ThreadedWorld
 from trainparity._process._world import World, join, leave
@@ -108,8 +108,8 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
     batch_dependent_modules = BatchDependentModules(state)
     float64_only = [Float64Only(state)] if payload.precision == "float64" else []
     with Observer(state, type(recipe), [batch_dependent_modules, *float64_only]) as observer, \
-            OutputRecorder(observer.modules) as outputs:
-        steps = list(record_steps(recipe, observer, outputs, payload))
+            OutputRecorder(observer.modules) as outputs, GradientReductions(observer, type(recipe)) as reductions:
+        steps = list(record_steps(recipe, observer, outputs, reductions, payload))
         batch_dependent = sorted(batch_dependent_modules.ran)
         optimizers = len(observer.optimizers)
         layers = owning_layers(observer)
@@ -118,7 +118,7 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
     return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses), (recipe, state)
 
 
-def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
+def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder, reductions: GradientReductions,
                  payload: RankPayload) -> Iterator[RankStep]:
     """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after,
     the module outputs."""
@@ -137,7 +137,7 @@ def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder,
             for event in events:
                 gradients.update(event.grads)
         yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take(),
-                       call.clips)
+                       call.clips, reductions.take())
 
 
 def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, nn.Module]]:
@@ -198,6 +198,47 @@ class OutputRecorder(HookSet):
         outputs, self.outputs = self.outputs, []
         self.calls.clear()
         return outputs
+
+
+class GradientReductions(HookSet):
+    """The recipe's own `dist.all_reduce` calls on a parameter's gradient (its local tensor for a DTensor), found by
+    storage: which parameter, over which global ranks (`Reduction`). Collectives that torch's wrappers (DDP, FSDP)
+    make are not seen: they do not go through `torch.distributed.all_reduce`."""
+
+    def __init__(self, observer: Observer, recipe_type: type) -> None:
+        super().__init__()
+        self.observer, self.recipe_type = observer, recipe_type
+        self.reductions: list[Reduction] = []
+
+    def _install(self) -> None:
+        import torch.distributed as dist
+
+        patch_functions(self._stack, self.recipe_type, {dist.all_reduce: "all_reduce"}, self._wrapper,
+                        namespaces=[dist, dist.distributed_c10d])
+
+    def _wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if self.observer.call is not None and isinstance(tensor, torch.Tensor):
+                self._record(tensor, args[1] if len(args) > 1 else kwargs.get("group"))
+            return original(tensor, *args, **kwargs)
+
+        return wrapper
+
+    def _record(self, tensor: torch.Tensor, group: Any) -> None:
+        import torch.distributed as dist
+
+        for name, parameter in self.observer.parameters():
+            grad = parameter.grad
+            local = getattr(grad, "_local_tensor", grad)  # a DTensor's shard
+            if isinstance(local, torch.Tensor) and local.numel() and local.data_ptr() == tensor.data_ptr():
+                ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+                self.reductions.append(Reduction(name, sorted(ranks)))
+                return
+
+    def take(self) -> list[Reduction]:
+        reductions, self.reductions = self.reductions, []
+        return reductions
 
 
 def _output_tensors(output: object) -> list[tuple[str, torch.Tensor]]:

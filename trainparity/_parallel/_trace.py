@@ -30,6 +30,14 @@ class ModuleOutput:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reduction:
+    """The recipe's own `dist.all_reduce` of a parameter's gradient: which parameter, over which global ranks."""
+
+    parameter: str
+    ranks: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class RankStep:
     """One step of one process: its batch's sample IDs, the gradients at the optimizer step, the parameters after,
     and the module outputs recorded in the step (see `OutputRecorder`)."""
@@ -41,6 +49,8 @@ class RankStep:
     outputs: list[ModuleOutput]
     #: the clipping calls of the step, with the norm each scaled by and the norm of the whole gradients it clipped
     clips: list[Clip] = dataclasses.field(default_factory=list)
+    #: the recipe's own all-reduces of gradients in the step
+    reductions: list[Reduction] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
