@@ -50,6 +50,13 @@ def test_threads_and_gloo_processes_give_the_same_report(recipe: TwoDimRecipe) -
         assert "Rank 1 (dp=0, tp=1) read other samples than rank 0 (dp=0, tp=0), its peer along tp" in first.message
 
 
+#: torch 2.7's FSDP2 x TP refuses uneven shards ("FSDP+TP sharding does not support uneven sharding"), and a 16 x 4
+#: mesh shards this MLP's 16 rows unevenly
+UNEVEN_FSDP_TP = pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 8),
+                                    reason="torch 2.7's FSDP2 x tensor parallel cannot shard unevenly")
+
+
+@UNEVEN_FSDP_TP
 def test_a_64_rank_mesh_of_fsdp2_and_tensor_parallel_trains_like_one_process() -> None:
     result = tp.check_parallel(TwoDimRecipe(tp=4, global_batch=16), world_size=64, backend="threads", steps=1,
                                timeout=300)

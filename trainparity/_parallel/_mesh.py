@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainparity._compat import root_mesh
+
 #: the words that mark a mesh dimension as data parallel (a name is one of them, or starts with one and "_")
 DATA_WORDS = ("dp", "ddp", "fsdp", "hsdp", "data", "replicate", "shard", "batch")
 
@@ -49,8 +51,7 @@ def _meshes(modules: Mapping[str, nn.Module]) -> Iterator[Any]:
         for tensor in (*module.parameters(), *module.buffers()):
             mesh = getattr(tensor, "device_mesh", None)  # a DTensor's
             if mesh is not None:
-                root = getattr(mesh, "_get_root_mesh", None)
-                yield root() if callable(root) else mesh
+                yield root_mesh(mesh)
 
 
 def find_mesh(modules: Mapping[str, nn.Module]) -> Mesh | None:
