@@ -8,6 +8,8 @@ process would; the same recipe gets the same report on threads as on gloo proces
 from __future__ import annotations
 
 import functools
+import pathlib
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_parallel_recipes import DDPRecipe
-from parallel_recipes import TwoDimRecipe
+from parallel_recipes import TwoDimRecipe, WideDDPRecipe
 from torch import nn
 
 import trainparity as tp
@@ -112,6 +114,24 @@ First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch
 trainparity parallel check: FAIL at gradients.embed.weight (reduced_over_wrong_dim, step 1, rank 2)
 First violation: gradients.embed.weight (step 1, rank 2, kind: gradient_mismatch, cause: reduced_over_wrong_dim)
   Rank 2 (dp=1, tp=0) holds other gradients than rank 0 (dp=0, tp=0) at its optimizer step: the recipe all-reduced the gradient of embed.weight over tp (ranks 0, 1), a dimension that splits the model and whose ranks read the same samples, and never over dp, the dimension that splits the data (dist.all_reduce(grad, group=mesh['dp'].get_group())?).""")
+
+
+def test_resume_on_worlds_of_threads_across_a_world_size_change_and_a_fault_as_on_gloo() -> None:
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
+    from fsdp_gpt import TinyGPT
+
+    # FSDP2 + torch.distributed.checkpoint saved by 4 threads, the process exits, loaded by 2 in a new process
+    changed = tp.check_resume(TinyGPT(dropout=0.0), steps=6, resume_at=3, world_size=4, resume_world_size=2,
+                              backend="threads", timeout=120)
+    assert changed.outcome is tp.Outcome.PASS, changed.report()
+    threads, gloo = (tp.check_resume(WideDDPRecipe("optimizer_not_loaded"), steps=6, resume_at=3, world_size=2,
+                                     backend=backend, timeout=120) for backend in ("threads", "gloo"))
+    first = threads.first_violation
+    assert first is not None and (first.path, first.cause) == ("optimizer.state.weight.step", "not_restored")
+    assert _without_backend(threads.report()) == _without_backend(gloo.report())
+    raised = tp.check_resume(DDPRecipe("raises"), steps=4, resume_at=2, world_size=2, backend="threads", timeout=60)
+    assert raised.error is not None and (raised.error.rank, raised.error.exc_type) == (1, "ValueError")
+    assert raised.error.phase in ("interrupted", "baseline", "baseline (repeat)"), raised.report()
 
 
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:

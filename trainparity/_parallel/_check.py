@@ -1,6 +1,7 @@
 """`check_parallel`: real torch.distributed ranks against the same recipe in a world of size 1.
 
-The process engine starts `world_size` ranks and the reference concurrently. Each child
+The process engine starts `world_size` ranks and the reference concurrently (with `backend="threads"`, two
+processes: the world's threads and the reference's one). Each child
 initializes the default process group (a file store in a temporary directory) before the
 recipe's `setup()`, so the recipe reads `dist.get_rank()`/`dist.get_world_size()`, shards
 its data and wraps its model in DDP exactly as in production; the reference runs the same
@@ -65,6 +66,12 @@ def check_parallel(
     ignore: str | Sequence[str] | None = None,
 ) -> ParallelResult:
     """Check that `world_size` real torch.distributed ranks train like the same recipe in a world of size 1.
+
+    `backend` is "gloo" (a process per rank), "threads" (every rank a thread of one process, with real
+    collectives reduced in memory: worlds of 8 to 64 ranks on a machine of two cores; each rank has its own
+    random streams and RANK/LOCAL_RANK) or "nccl". On a mesh (the recipe's `DeviceMesh`, found through its
+    DTensors), the ranks that differ only along model dimensions (`tp`, ...) must read the same samples, and
+    violations name each rank's mesh coordinate.
 
     Per step: the ranks' sample IDs together make the reference's batch, every rank holds the
     reference's gradients at its optimizer step, and every rank's parameters after the step

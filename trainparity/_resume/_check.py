@@ -27,7 +27,7 @@ from trainparity._results._result import ResumeResult
 from trainparity._results._violation import ChildError, JsonValue, Outcome
 from trainparity._resume._judge import judge_resume
 from trainparity._resume._ranks import align, merge_ranks, own_path, replicated_paths
-from trainparity._resume._trace import RunTrace, TrainPayload, Whole
+from trainparity._resume._trace import RunTrace, TrainPayload, Whole, WorldRuns
 from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._state._compare import (
     Comparison,
@@ -37,6 +37,7 @@ from trainparity._state._snapshot import state_entry
 from trainparity._validation import check_argument, check_int, check_optional_int, check_resume_at
 
 TASK = "trainparity._resume._trace:train_run"
+THREADS_TASK = "trainparity._resume._trace:train_threads"
 
 
 def _validate_steps(steps: object, resume_at: object) -> tuple[int, int]:
@@ -90,7 +91,8 @@ def check_resume(
     With `world_size > 1`, every run is a world of real torch.distributed ranks (`backend`), which
     the recipe joins before `setup()` as under torchrun, and saves and loads with its own code (for
     example torch.distributed.checkpoint); `resume_world_size` resumes on another number of ranks.
-    Runs of several ranks are judged on gathered values, per-rank RNG streams (`rng.torch[rank 1]`)
+    `backend="threads"` runs each world as threads of one process (8 to 64 ranks on a small machine), the
+    resumed world in a new process after the interrupted one's has exited. Runs of several ranks are judged on gathered values, per-rank RNG streams (`rng.torch[rank 1]`)
     and the global batch (see docs/api.md). `precision` is "native" (the recipe's dtypes, judged
     exactly unless a comparison is declared) or "float64"; left at None it is "native", but when
     the world size changes, whose other reduction order changes the rounding, the session's
@@ -219,9 +221,13 @@ class _Runs:
             if size == 0:
                 jobs.append(Job(TASK, run.payload, run.phase, after=waits, record=RunTrace))
                 continue
-            # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
             self.started += 1
             store = f"{self.scratch}/store.{self.started}"
+            if self.backend == "threads":  # the whole world in one process
+                jobs.append(Job(THREADS_TASK, dataclasses.replace(run.payload, world=World("threads", 0, size, store)),
+                                run.phase, after=waits, record=WorldRuns))
+                continue
+            # A rank that waits for another run waits for its rank 0, which ends after that world's last barrier.
             jobs += [Job(TASK, dataclasses.replace(run.payload, world=World(self.backend, rank, size, store)),
                          run.phase, rank=rank, after=waits, record=RunTrace)
                      for rank in range(size)]
@@ -231,11 +237,19 @@ class _Runs:
                             concurrency=len(jobs) if ranked else None,
                             on_failure="all" if ranked else "later")
         failed = first_failure(outcomes) if ranked else first_error(outcomes)
+        if failed is None:  # a threaded world reports its failed rank in its record
+            failed = next((JobOutcome(o.phase, None, dataclasses.replace(o.output.failure, phase=o.phase))
+                           for o in outcomes if isinstance(o.output, WorldRuns) and o.output.failure is not None),
+                          None)
         if failed is not None:
             return [], failed
         if not ranked:
             return [o.output for o in outcomes], None
-        groups = [[o.output for o in outcomes[start:start + size]] for start, size in zip(starts, sizes, strict=True)]
+        if self.backend == "threads":
+            groups = [outcomes[start].output.ranks for start in starts]
+        else:
+            groups = [[o.output for o in outcomes[start:start + size]]
+                      for start, size in zip(starts, sizes, strict=True)]
         return self._merge(groups, [run.resumed for run in runs]), None
 
     def _merge(self, groups: list[list[RunTrace]], resumed: list[bool]) -> list[RunTrace]:

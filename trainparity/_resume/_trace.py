@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from torch.utils.data import DataLoader, Sampler
 
 from trainparity._batches._sample_ids import SampleIds, normalize_sample_ids
+from trainparity._process._child import error_record
+from trainparity._process._threads import RankFailure, ThreadedWorld
 from trainparity._process._world import World, join, leave
 from trainparity._recipe._recipe import Recipe, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
+from trainparity._results._violation import ChildError
 from trainparity._state._compare import (
     Comparison,
     Mismatch,
@@ -125,31 +128,67 @@ class TrainPayload:
 
 
 def train_run(payload: TrainPayload, workdir: pathlib.Path) -> RunTrace:
-    """Child task: train and trace."""
+    """Child task: train and trace (one process; a rank of a world when the payload names one)."""
     if payload.world is not None:
         join(payload.world)
     recipe = payload.recipe.build()
     with running_in(payload.precision):
-        seed_everything(payload.seed)
-        loaded = None
-        if payload.load:
-            state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
-            convert_state(state, payload.precision)
-            loaded = Boundary.capture(state, payload.digesting(0))
-        else:
-            state = require_state(recipe.setup(), recipe, "setup")
-            convert_state(state, payload.precision)
-        steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting, payload.precision,
-                                  payload.states_at))
-        saved = None
-        if payload.save:
-            recipe.save(state, pathlib.Path(payload.checkpoint))
-            saved = Boundary.capture(state, payload.digesting(0))
-    rank_local = []
+        trace, state = _train(payload, recipe)
     if payload.world is not None:
         leave(recipe, state)
-        rank_local = [name for name in state if isinstance(state[name], (DataLoader, Sampler))]
-    return RunTrace(steps, loaded, saved, unobserved_entries(state), rank_local)
+    return trace
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldRuns:
+    """A run's world of ranks as threads of one process (`backend="threads"`): each rank's trace in rank order, or
+    the failure of the first rank that raised (its phase is the run's, which the parent sets)."""
+
+    ranks: list[RunTrace]
+    failure: ChildError | None
+
+
+def train_threads(payload: TrainPayload, workdir: pathlib.Path) -> WorldRuns:
+    """Child task: the run's whole world (`payload.world.size` ranks), each rank a thread of this process trained as
+    `train_run` trains a process; the process exits after, as a world of processes would."""
+    assert payload.world is not None
+
+    def rank(number: int) -> RunTrace:
+        threads.join()
+        recipe = payload.recipe.build()
+        assert payload.world is not None
+        trace, state = _train(dataclasses.replace(payload, world=dataclasses.replace(payload.world, rank=number)),
+                              recipe)
+        leave(recipe, state)
+        return trace
+
+    threads = ThreadedWorld(payload.world.size, rank)
+    with running_in(payload.precision):  # process-wide: set once for every rank
+        try:
+            return WorldRuns(threads.run(), None)
+        except RankFailure as failure:
+            return WorldRuns([], ChildError.raised(error_record(failure.error), "", failure.rank))
+
+
+def _train(payload: TrainPayload, recipe: Recipe) -> tuple[RunTrace, State]:
+    seed_everything(payload.seed)
+    loaded = None
+    if payload.load:
+        state = require_state(recipe.load(pathlib.Path(payload.checkpoint)), recipe, "load")
+        convert_state(state, payload.precision)
+        loaded = Boundary.capture(state, payload.digesting(0))
+    else:
+        state = require_state(recipe.setup(), recipe, "setup")
+        convert_state(state, payload.precision)
+    steps = list(record_steps(recipe, state, payload.first, payload.last, payload.digesting, payload.precision,
+                              payload.states_at))
+    saved = None
+    if payload.save:
+        recipe.save(state, pathlib.Path(payload.checkpoint))
+        saved = Boundary.capture(state, payload.digesting(0))
+    rank_local = [] if payload.world is None else [
+        name for name in state if isinstance(state[name], (DataLoader, Sampler))]
+    return RunTrace(steps, loaded, saved, unobserved_entries(state), rank_local), state
 
 
 @dataclasses.dataclass(frozen=True)
