@@ -364,7 +364,8 @@ COMMANDS = (
                      Option("world_size", "ranks of every run but the resumed one; above 1, runs are worlds of real "
                             "ranks (default: %(default)s)"),
                      Option("resume_world_size", "ranks of the resumed run (default: --world-size)", metavar="N"),
-                     Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
+                     Option("backend", "gloo (a process per rank, CPU), threads (every rank a thread of one process) "
+                            "or nccl (default: gloo)", type=None),
                      _precision("default when the world size changes; else native"),
                      IGNORE_OPTION)),
     CheckCommand("accumulation", "accumulation equivalence: k micro-batches of accumulation against one full-batch "
@@ -384,7 +385,8 @@ COMMANDS = (
                  "of size 1", "check_parallel", (
                      *_recipe_options(("process", "spawn"), "process; spawn for nccl"),
                      Option("world_size", "number of ranks (default: %(default)s)"),
-                     Option("backend", "torch.distributed backend: gloo (CPU) or nccl (default: gloo)", type=None),
+                     Option("backend", "gloo (a process per rank, CPU), threads (every rank a thread of one process) "
+                            "or nccl (default: gloo)", type=None),
                      Option("steps", "steps of training compared (default: %(default)s)"),
                      _precision(),
                      IGNORE_OPTION)),

@@ -146,6 +146,18 @@ class Float64Only(Watch):
 _FLOAT64_DTYPES = (torch.float64, torch.complex128)
 #: ops torch's own Python code calls below float64 on purpose (GradScaler's float32 scale) are its business
 _TORCH_DIRECTORY = os.path.dirname(torch.__file__) + os.sep
+#: torch's files that only hand a call on (`F.softmax(x, dtype=torch.float32)` reaches the mode from
+#: `torch/overrides.py` through `torch/nn/functional.py`): who called them is who called the op
+_HANDING_ON = tuple(os.path.join(_TORCH_DIRECTORY, *name.split("/")) for name in (
+    "overrides.py", "nn/functional.py", "functional.py", "_tensor.py"))
+
+
+def _called_by_torch() -> bool:
+    """Whether the op the mode sees was called by torch's own Python code, past the files that only hand calls on."""
+    frame = sys._getframe(2)  # the caller of `__torch_function__`
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_HANDING_ON):
+        frame = frame.f_back
+    return frame.f_code.co_filename.startswith(_TORCH_DIRECTORY)
 
 
 class _Float64Mode(TorchFunctionMode):
@@ -159,15 +171,17 @@ class _Float64Mode(TorchFunctionMode):
         for tensor in (result,) if isinstance(result, torch.Tensor) else result if isinstance(
                 result, (tuple, list)) else ():
             if isinstance(tensor, torch.Tensor) and (tensor.is_floating_point() or tensor.is_complex()) \
-                    and tensor.dtype not in _FLOAT64_DTYPES \
-                    and not sys._getframe(1).f_code.co_filename.startswith(_TORCH_DIRECTORY):
+                    and tensor.dtype not in _FLOAT64_DTYPES and not _called_by_torch():
                 self._refuse(func, tensor.dtype)
         return result
 
     def _refuse(self, func: Any, dtype: torch.dtype) -> None:
         name = getattr(func, "__name__", repr(func))
         owner = getattr(func, "__objclass__", None)
-        op = f"Tensor.{name}" if owner is not None and issubclass(owner, torch._C.TensorBase) else f"torch.{name}"
+        if owner is not None and issubclass(owner, torch._C.TensorBase):
+            op = f"Tensor.{name}"
+        else:
+            op = f"{getattr(func, '__module__', None) or 'torch'}.{name}".replace("torch.nn.functional.", "F.")
         where = f" in {self.watch.running[-1]}" if self.watch.running else ""
         dtype_name = str(dtype).removeprefix("torch.")
         raise PrecisionError(f"{op}{where} computed in {dtype_name}: "

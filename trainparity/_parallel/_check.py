@@ -104,7 +104,7 @@ def check_parallel(
             jobs.append(Job(TASK, payload(0, 1, REFERENCE), REFERENCE, record=RankTrace))
         outcomes = run_jobs(jobs, deadline=setup.deadline, isolation=setup.isolation, concurrency=len(jobs),
                             on_failure="all")
-        error = _first_error(outcomes, setup.deadline)
+        error = _first_error(outcomes, setup.deadline, backend)
     if error is not None:
         return setup.errored(ParallelResult, error)
     traces: list[RankTrace] = []
@@ -120,7 +120,13 @@ def check_parallel(
     return judge_parallel(reference, ranks, setup.judged, setup.config)
 
 
-def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline) -> ChildError | None:
+#: what else hangs a world of threads: the ranks run one at a time and hand the turn on only in torch.distributed's
+#: collectives and group set-up
+THREADS_HANG = ("; on threads, a rank that waits anywhere else (a store, a group of another backend, a lock) keeps "
+                "every other rank from running")
+
+
+def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline, backend: str) -> ChildError | None:
     """The failure that ended the check; on a timeout, with the stacks of every process."""
     failed = first_failure(outcomes)
     if failed is None or failed.error is None:
@@ -132,7 +138,8 @@ def _first_error(outcomes: Sequence[JobOutcome], deadline: Deadline) -> ChildErr
     return dataclasses.replace(
         error,
         message=f"did not finish within {deadline.describe()} (a process that hangs, e.g. in a collective that "
-        "never completes, blocks the others); every process of the check was killed",
+        f"never completes, blocks the others{THREADS_HANG if backend == 'threads' else ''}); every process of the "
+        "check was killed",
         traceback="Stacks of every process shortly before the timeout (most recent call first):\n"
         + "\n".join(stacks),
     )

@@ -92,11 +92,12 @@ def check_resume(
     the recipe joins before `setup()` as under torchrun, and saves and loads with its own code (for
     example torch.distributed.checkpoint); `resume_world_size` resumes on another number of ranks.
     `backend="threads"` runs each world as threads of one process (8 to 64 ranks on a small machine), the
-    resumed world in a new process after the interrupted one's has exited. Runs of several ranks are judged on gathered values, per-rank RNG streams (`rng.torch[rank 1]`)
-    and the global batch (see docs/api.md). `precision` is "native" (the recipe's dtypes, judged
-    exactly unless a comparison is declared) or "float64"; left at None it is "native", but when
-    the world size changes, whose other reduction order changes the rounding, the session's
-    default ("float64": every run in float64, judged with the fixed float64 tolerance).
+    resumed world in a new process after the interrupted one's has exited. Runs of several ranks are judged
+    on gathered values, per-rank RNG streams (`rng.torch[rank 1]`) and the global batch (see docs/api.md).
+    `precision` is "native" (the recipe's dtypes, judged exactly unless a comparison is declared) or
+    "float64"; left at None it is "native", but when the world size changes, whose other reduction order
+    changes the rounding, the session's default ("float64": every run in float64, judged with the fixed
+    float64 tolerance).
     """
     steps, resume_at = _validate_steps(steps, resume_at)
     world_size, resume_world_size = _validate_worlds(world_size, resume_world_size)
