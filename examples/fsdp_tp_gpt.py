@@ -15,6 +15,10 @@ on each rank's heads as plain tensors and `scaled_dot_product_attention` needs n
 rotary embedding of the original computes in float32 (`.float()`); here it computes in the model's dtype, so the
 check can run the model in float64 (a `.float()` inside a float64 check is an ERROR that names it).
 
+`MeshGPT(sequence_parallel=True)` adds sequence parallelism (torchtitan's plan): the embedding, the norms and the
+residual stream between the tensor-parallel layers are split along the sequence over `tp`, gathered before each
+attention and feed-forward, reduce-scattered after.
+
 `MeshGPT(fault=...)` carries one deliberate bug (see `FAULTS`); `examples/test_fsdp_tp_gpt.py` checks each.
 """
 
@@ -30,8 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Partial
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Partial, Placement, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import trainparity as tp
@@ -128,19 +138,31 @@ class GPT(nn.Module):
         return logits
 
 
-def parallelize(model: GPT, fault: str | None) -> tuple[int, int]:
-    """Tensor parallel within each row of the mesh, FSDP2 across the rows; this rank's data shard and their
-    number."""
+def parallelize(model: GPT, fault: str | None, sequence_parallel: bool) -> tuple[int, int]:
+    """Tensor parallel within each row of the mesh (with sequence parallelism: the norms and the residual stream
+    split along the sequence between the tensor-parallel layers), FSDP2 across the rows; this rank's data shard and
+    their number."""
     world = dist.get_world_size()
     tp_size = min(TP, world)
     mesh = init_device_mesh("cpu", (world // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
-    wo = RowwiseParallel(output_layouts=Partial()) if fault == "attention_output_not_reduced" else RowwiseParallel()
+    # with sequence parallelism the row-parallel layers reduce-scatter into the sequence's shards
+    back: Placement = Shard(1) if sequence_parallel else Replicate()
+    wo = RowwiseParallel(output_layouts=Partial() if fault == "attention_output_not_reduced" else back)
+    if sequence_parallel:
+        parallelize_module(model, mesh["tp"], {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        })
     for block in model.layers:
+        gathered_input = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh["tp"], {
+            **({"attention_norm": SequenceParallel(), "attention": gathered_input, "ffn_norm": SequenceParallel(),
+                "feed_forward": gathered_input} if sequence_parallel else {}),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": wo,
             "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=back),
         })
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
@@ -150,15 +172,15 @@ def parallelize(model: GPT, fault: str | None) -> tuple[int, int]:
 
 
 class MeshGPT(tp.Recipe):
-    def __init__(self, fault: str | None = None) -> None:
+    def __init__(self, fault: str | None = None, sequence_parallel: bool = False) -> None:
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; one of {FAULTS}")
-        self.fault = fault
+        self.fault, self.sequence_parallel = fault, sequence_parallel
 
     def setup(self) -> tp.State:
         torch.manual_seed(0)  # the same initial weights on every rank
         model = GPT()
-        shard, shards = parallelize(model, self.fault)
+        shard, shards = parallelize(model, self.fault, self.sequence_parallel)
         sampler: DistributedSampler[int] = DistributedSampler(Sequences(), num_replicas=shards, rank=shard,
                                                               shuffle=True, seed=0)
         loader = DataLoader(Sequences(), batch_size=GLOBAL_BATCH // shards, sampler=sampler)

@@ -21,6 +21,10 @@ class TestMeshGPT(tp.TestCase):
     def test_eight_ranks_on_a_2x4_mesh_train_like_one_process(self) -> None:
         self.assertParallelEquivalent(MeshGPT(), world_size=8, backend="threads", steps=2, timeout=120)
 
+    def test_with_sequence_parallelism_eight_ranks_train_like_one_process(self) -> None:
+        self.assertParallelEquivalent(MeshGPT(sequence_parallel=True), world_size=8, backend="threads", steps=2,
+                                      timeout=120)
+
     def test_an_attention_output_never_all_reduced_over_tp_is_named_at_16_ranks(self) -> None:
         result = tp.check_parallel(MeshGPT("attention_output_not_reduced"), world_size=16, backend="threads",
                                    steps=1, timeout=120)

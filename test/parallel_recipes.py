@@ -28,7 +28,7 @@ import trainparity as tp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from tp_mlp import MLP, TensorParallelMLP, parallelize  # noqa: E402  (the example's directory goes first)
 
-__all__ = ["FSDPRecipe", "TensorParallelMLP", "TwoDimRecipe", "WideDDPRecipe"]
+__all__ = ["FSDPRecipe", "TensorParallelMLP", "ThreeDimRecipe", "TwoDimRecipe", "WideDDPRecipe"]
 
 
 def dataset() -> TensorDataset:
@@ -136,6 +136,28 @@ class TwoDimRecipe(ParallelRecipe):
         else:  # the whole gradients' norm, each DTensor gathered
             norm = torch.stack([grad.full_tensor().norm() for grad in grads]).norm()
         torch.nn.utils.clip_grads_with_norm_(parameters, 0.05, norm, foreach=False)
+
+
+class ThreeDimRecipe(ParallelRecipe):
+    """A (dp_replicate, dp_shard, tp) mesh, 2 x 2 x 2 at eight ranks: HSDP (FSDP2 on the 2-D data mesh: replicated
+    across `dp_replicate`, sharded across `dp_shard`) around tensor parallel on `tp`. The data is split over both
+    data dimensions; `tp_rank_in_sampler` splits it by the global rank."""
+
+    def setup(self) -> tp.State:
+        world = dist.get_world_size()
+        replicate, tp_size = min(world, 2), min(max(world // 2, 1), 2)
+        mesh = init_device_mesh("cpu", (replicate, world // (replicate * tp_size), tp_size),
+                                mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        model = MLP()
+        parallelize(model, mesh["tp"])
+        fully_shard(model, mesh=mesh["dp_replicate", "dp_shard"])
+        shards = mesh["dp_replicate"].size() * mesh["dp_shard"].size()
+        shard = mesh["dp_replicate"].get_local_rank() * mesh["dp_shard"].size() + mesh["dp_shard"].get_local_rank()
+        if self.fault == "tp_rank_in_sampler":
+            shards, shard = world, dist.get_rank()
+        sampler = DistributedSampler(dataset(), num_replicas=shards, rank=shard, shuffle=True, seed=3)
+        loader = DataLoader(dataset(), batch_size=8 // shards, sampler=sampler)
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
 
 
 class WideDDPRecipe(ParallelRecipe):

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_parallel_recipes import DDPRecipe
-from parallel_recipes import TwoDimRecipe, WideDDPRecipe
+from parallel_recipes import ThreeDimRecipe, TwoDimRecipe, WideDDPRecipe
 from torch import nn
 
 import trainparity as tp
@@ -132,6 +132,17 @@ def test_resume_on_worlds_of_threads_across_a_world_size_change_and_a_fault_as_o
     raised = tp.check_resume(DDPRecipe("raises"), steps=4, resume_at=2, world_size=2, backend="threads", timeout=60)
     assert raised.error is not None and (raised.error.rank, raised.error.exc_type) == (1, "ValueError")
     assert raised.error.phase in ("interrupted", "baseline", "baseline (repeat)"), raised.report()
+
+
+def test_a_3d_mesh_of_hsdp_and_tensor_parallel_trains_like_one_process_and_names_peers_by_coordinate() -> None:
+    clean = tp.check_parallel(ThreeDimRecipe(), world_size=8, backend="threads", steps=2, timeout=120)
+    assert clean.outcome is tp.Outcome.PASS, clean.report()
+    wrong = tp.check_parallel(ThreeDimRecipe("tp_rank_in_sampler"), world_size=8, backend="threads", steps=1,
+                              timeout=120)
+    first = wrong.first_violation
+    assert first is not None and first.cause == "peers_read_different_samples", wrong.report()
+    assert first.message.startswith("Rank 1 (dp_replicate=0, dp_shard=0, tp=1) read other samples than rank 0 "
+                                    "(dp_replicate=0, dp_shard=0, tp=0), its peer along tp"), wrong.report()
 
 
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:

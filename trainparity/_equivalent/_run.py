@@ -21,6 +21,7 @@ from trainparity._observe._checkpoints import CheckpointRegion, CheckpointRegion
 from trainparity._observe._hooks import Watch
 from trainparity._observe._observer import OBSERVATION_LOCK, Observer
 from trainparity._observe._records import StepEvent
+from trainparity._observe._watches import Float64Only
 from trainparity._recipe._recipe import LossAccounting, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._resume._trace import StepRecord
@@ -204,8 +205,10 @@ def equivalent_run(payload: EquivalentPayload, workdir: pathlib.Path) -> Equival
             # compiles afresh, as in a new process.
             torch._dynamo.reset()
         regions, calls = CheckpointRegions(state), ModelCalls(state)
-        with Observer(state, type(recipe), [regions, calls], before_step=require_float64_steps if float64 else None,
-                      fingerprint_rng=False) as observer:
+        # A compiled model's ops are traced, not called: the refusal of float32 ops sees only eager code.
+        float64_only = [Float64Only(state)] if float64 and not compiled else []
+        with Observer(state, type(recipe), [regions, calls, *float64_only],
+                      before_step=require_float64_steps if float64 else None, fingerprint_rng=False) as observer:
             initial = snapshot_state(state)
             steps = []
             with batch_iterator(recipe, state) as batches:
