@@ -8,8 +8,6 @@ process would; the same recipe gets the same report on threads as on gloo proces
 from __future__ import annotations
 
 import functools
-import pathlib
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_parallel_recipes import DDPRecipe
-from parallel_recipes import ThreeDimRecipe, TwoDimRecipe, WideDDPRecipe
+from parallel_recipes import TensorParallelMLP, ThreeDimRecipe, TwoDimRecipe, WideDDPRecipe
 from torch import nn
 
 import trainparity as tp
@@ -117,11 +115,8 @@ First violation: gradients.embed.weight (step 1, rank 2, kind: gradient_mismatch
 
 
 def test_resume_on_worlds_of_threads_across_a_world_size_change_and_a_fault_as_on_gloo() -> None:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
-    from fsdp_gpt import TinyGPT
-
-    # FSDP2 + torch.distributed.checkpoint saved by 4 threads, the process exits, loaded by 2 in a new process
-    changed = tp.check_resume(TinyGPT(dropout=0.0), steps=6, resume_at=3, world_size=4, resume_world_size=2,
+    # tensor parallel + torch.distributed.checkpoint saved by 2 threads, the process exits, loaded by 1 in another
+    changed = tp.check_resume(TensorParallelMLP(), steps=6, resume_at=3, world_size=2, resume_world_size=1,
                               backend="threads", timeout=120)
     assert changed.outcome is tp.Outcome.PASS, changed.report()
     threads, gloo = (tp.check_resume(WideDDPRecipe("optimizer_not_loaded"), steps=6, resume_at=3, world_size=2,
@@ -134,6 +129,8 @@ def test_resume_on_worlds_of_threads_across_a_world_size_change_and_a_fault_as_o
     assert raised.error.phase in ("interrupted", "baseline", "baseline (repeat)"), raised.report()
 
 
+@pytest.mark.skipif(tuple(map(int, torch.__version__.split(".")[:2])) < (2, 8),
+                    reason="torch 2.7's HSDP fails its own assertion on CPU (post_backward: all_reduce_event is None)")
 def test_a_3d_mesh_of_hsdp_and_tensor_parallel_trains_like_one_process_and_names_peers_by_coordinate() -> None:
     clean = tp.check_parallel(ThreeDimRecipe(), world_size=8, backend="threads", steps=2, timeout=120)
     assert clean.outcome is tp.Outcome.PASS, clean.report()
