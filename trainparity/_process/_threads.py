@@ -72,7 +72,13 @@ class Baton:
 
     @property
     def rank(self) -> int:
+        """The rank of the calling thread (which holds, or held, the baton)."""
         rank: int = self._local.rank
+        return rank
+
+    def rank_or_none(self) -> int | None:
+        """The rank of the calling thread; None for a thread that is no rank."""
+        rank: int | None = getattr(self._local, "rank", None)
         return rank
 
     def take(self, rank: int) -> None:
@@ -186,7 +192,7 @@ class ThreadedWorld(Generic[T]):
             return wait
 
         environ = os.environ
-        os.environ = _RankEnvironment(environ, self.size, lambda: getattr(baton._local, "rank", None))  # noqa: B003
+        os.environ = _RankEnvironment(environ, self.size, baton.rank_or_none)  # noqa: B003
         torch._C._distributed_c10d._set_thread_isolation_mode(True)  # type: ignore[attr-defined]
         threaded._install_threaded_pg()
         self._store = torch._C._distributed_c10d.HashStore()
