@@ -28,7 +28,7 @@ import trainparity as tp
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "examples"))
 from tp_mlp import MLP, TensorParallelMLP, parallelize  # noqa: E402  (the example's directory goes first)
 
-__all__ = ["FSDPRecipe", "TensorParallelMLP", "ThreeDimRecipe", "TwoDimRecipe", "WideDDPRecipe"]
+__all__ = ["FSDPRecipe", "MegatronRecipe", "TensorParallelMLP", "ThreeDimRecipe", "TwoDimRecipe", "WideDDPRecipe"]
 
 
 def dataset() -> TensorDataset:
@@ -157,6 +157,76 @@ class ThreeDimRecipe(ParallelRecipe):
             shards, shard = world, dist.get_rank()
         sampler = DistributedSampler(dataset(), num_replicas=shards, rank=shard, shuffle=True, seed=3)
         loader = DataLoader(dataset(), batch_size=8 // shards, sampler=sampler)
+        return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's copy to the tensor-parallel region: the input as it is, its gradient all-reduced in backward
+    (`reduce_backward=False`: the fault that forgets it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, reduce_backward: bool) -> torch.Tensor:
+        ctx.reduce_backward = reduce_backward
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.reduce_backward:
+            grad = grad.clone()
+            dist.all_reduce(grad)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron's reduce from the tensor-parallel region: the partial sums all-reduced, the gradient as it is."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class MegatronMLP(nn.Module):
+    """The example's MLP sharded by hand as Megatron-LM does, in plain tensors: `up` split by rows (column parallel)
+    and `down` by columns (row parallel) over every rank, each slice marked with Megatron's attributes."""
+
+    def __init__(self, rank: int, tp: int, marked: bool = True, reduce_backward: bool = True) -> None:
+        super().__init__()
+        torch.manual_seed(0)  # every rank makes the whole model and keeps its slices
+        whole = MLP()
+        self.embed, self.head, self.reduce_backward = whole.embed, whole.head, reduce_backward
+        self.up = nn.Linear(whole.up.in_features, whole.up.out_features // tp)
+        self.down = nn.Linear(whole.down.in_features // tp, whole.down.out_features)
+        with torch.no_grad():
+            for slice_, source, dim in ((self.up.weight, whole.up.weight, 0), (self.up.bias, whole.up.bias, 0),
+                                        (self.down.weight, whole.down.weight, 1)):
+                slice_.copy_(source.chunk(tp, dim)[rank])
+                if marked:
+                    slice_.tensor_model_parallel, slice_.partition_dim, slice_.partition_stride = True, dim, 1
+            self.down.bias.copy_(whole.down.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _CopyToTensorParallel.apply(torch.tanh(self.embed(x)), self.reduce_backward)
+        h = torch.tanh(self.up(h))
+        h = _ReduceFromTensorParallel.apply(nn.functional.linear(h, self.down.weight)) + self.down.bias
+        out: torch.Tensor = self.head(torch.tanh(h))
+        return out
+
+
+class MegatronRecipe(ParallelRecipe):
+    """Every rank a tensor-parallel rank of `MegatronMLP`, all reading the whole batch. Faults: `unmarked` (the
+    slices carry no attributes), `input_grad_not_reduced` (the copy to the parallel region forgets its backward
+    all-reduce)."""
+
+    def setup(self) -> tp.State:
+        model = MegatronMLP(dist.get_rank(), dist.get_world_size(), marked=self.fault != "unmarked",
+                            reduce_backward=self.fault != "input_grad_not_reduced")
+        loader = DataLoader(dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
         return tp.State(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2), loader=loader)
 
 

@@ -24,6 +24,7 @@ from process_helpers import still_running
 
 import trainparity as tp
 from trainparity._parallel._judge import NOT_REPLICAS, layout_difference
+from trainparity._parallel._megatron import HOW_TO_MARK
 from trainparity._parallel._trace import RankStep, RankTrace
 from trainparity._process._engine import Job, run_jobs
 from trainparity._process._options import Deadline
@@ -150,8 +151,8 @@ def test_a_rank_whose_parameters_have_another_shape_than_the_reference_s_is_name
     reference = trace({"fc.weight": weight, "fc.bias": torch.zeros(4)})
     ranks = [reference, trace({"fc.weight": shard, "fc.bias": torch.zeros(4)})]
     assert layout_difference(reference, ranks) == (
-        "rank 1 does not hold the model the reference trains: fc.weight is [2, 8] there and [4, 8] in the reference. "
-        + NOT_REPLICAS)
+        "rank 1 does not hold the model the reference trains: fc.weight is [2, 8] there and [4, 8] in the reference "
+        f"(a slice of a plain tensor? {HOW_TO_MARK}). " + NOT_REPLICAS)
     assert layout_difference(reference, [reference, reference]) is None
 
 

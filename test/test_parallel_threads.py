@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from data_parallel_recipes import DDPRecipe
-from parallel_recipes import TensorParallelMLP, ThreeDimRecipe, TwoDimRecipe, WideDDPRecipe
+from parallel_recipes import MegatronRecipe, TensorParallelMLP, ThreeDimRecipe, TwoDimRecipe, WideDDPRecipe
 from torch import nn
 
 import trainparity as tp
@@ -140,6 +140,21 @@ def test_a_3d_mesh_of_hsdp_and_tensor_parallel_trains_like_one_process_and_names
     assert first is not None and first.cause == "peers_read_different_samples", wrong.report()
     assert first.message.startswith("Rank 1 (dp_replicate=0, dp_shard=0, tp=1) read other samples than rank 0 "
                                     "(dp_replicate=0, dp_shard=0, tp=0), its peer along tp"), wrong.report()
+
+
+def test_megatron_style_slices_in_plain_tensors_are_assembled_and_unmarked_ones_say_how_to_mark_them() -> None:
+    clean = tp.check_parallel(MegatronRecipe(), world_size=4, backend="threads", steps=2, timeout=120)
+    assert clean.outcome is tp.Outcome.PASS, clean.report()
+    fault = tp.check_parallel(MegatronRecipe("input_grad_not_reduced"), world_size=4, backend="threads", steps=1,
+                              timeout=120)
+    first = fault.first_violation
+    assert first is not None and (first.path, first.cause, first.rank) == (
+        "gradients.embed.weight", "tp_partial_not_reduced", 1), fault.report()
+    assert "model.up (Linear), the first sharded layer after it" in first.message, fault.report()
+    unmarked = tp.check_parallel(MegatronRecipe("unmarked"), world_size=4, backend="threads", steps=1, timeout=120)
+    assert unmarked.outcome is tp.Outcome.ABSTAIN, unmarked.report()
+    assert "down.weight is [8, 4] there and [8, 16] in the reference (a slice of a plain tensor? mark each slice as " \
+        "Megatron-LM does (parameter.tensor_model_parallel = True" in (unmarked.reason or ""), unmarked.report()
 
 
 def test_code_written_for_torchrun_reads_its_rank_from_the_environment() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from trainparity._parallel._megatron import HOW_TO_MARK, assembled
 from trainparity._parallel._mesh import Mesh, dimension_of, is_data_dim, named, peer_groups
 from trainparity._parallel._shards import peer_violations, reads_whole_batch, shard_violations
 from trainparity._parallel._tensor_parallel import (
@@ -51,8 +52,8 @@ ROUNDING = {
 #: why a check of ranks that do not hold the reference's model judges nothing
 NOT_REPLICAS = ("The check compares every rank's whole model (a DTensor's shards gathered) with the one-process "
                 "reference's, so ranks that hold parts of it, as pipeline stages (torch.distributed.pipelining) or "
-                "parameters sharded by hand, cannot be judged: pipeline parallelism is not supported yet, and a "
-                "tensor-parallel shard must be a DTensor.")
+                "slices of plain tensors it cannot place, cannot be judged: pipeline parallelism is not supported "
+                "yet, and a tensor-parallel slice must be a DTensor or carry Megatron-LM's marks.")
 
 
 def _shapes(parameters: dict[str, Leaf]) -> dict[str, tuple[int, ...] | None]:
@@ -74,8 +75,8 @@ def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str |
         reshaped = sorted(path for path in expected.keys() & actual.keys() if expected[path] != actual[path])
         parts = ([f"it lacks {listed(missing, 3)}"] if missing else []) + (
             [f"it holds {listed(extra, 3)}, which the reference does not"] if extra else []) + (
-            [f"{path} is {list(actual[path] or [])} there and {list(expected[path] or [])} in the reference"
-             for path in reshaped[:1]])
+            [f"{path} is {list(actual[path] or [])} there and {list(expected[path] or [])} in the reference (a "
+             f"slice of a plain tensor? {HOW_TO_MARK})" for path in reshaped[:1]])
         return f"rank {rank} does not hold the model the reference trains: {'; '.join(parts)}. {NOT_REPLICAS}"
     return None
 
@@ -83,7 +84,8 @@ def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str |
 def judge_parallel(
     reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
 ) -> ParallelResult:
-    difference = layout_difference(reference, ranks)
+    ranks, unplaced = assembled(reference, ranks)
+    difference = unplaced or layout_difference(reference, ranks)
     if difference is not None:
         return ParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
     world_size = len(ranks)

@@ -22,6 +22,7 @@ from trainparity._batches._sample_ids import normalize_sample_ids
 from trainparity._observe._hooks import HookSet, patch_functions
 from trainparity._observe._observer import Observer
 from trainparity._observe._watches import BatchDependentModules, Float64Only
+from trainparity._parallel._megatron import marked_slices
 from trainparity._parallel._mesh import find_mesh, parallelism
 from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace, Reduction, WorldTrace
 from trainparity._process._child import error_record
@@ -115,7 +116,8 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
         layers = owning_layers(observer)
         mesh = find_mesh(observer.modules)
         uses = parallelism(dict(state_objects(state, nn.Module)), mesh)
-    return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses), (recipe, state)
+        slices = marked_slices(observer.parameters())
+    return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses, slices), (recipe, state)
 
 
 def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder, reductions: GradientReductions,

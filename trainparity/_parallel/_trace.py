@@ -68,6 +68,9 @@ class RankTrace:
     mesh: Mesh | None = None
     #: what the State's modules use, as hints speak of it ("ddp", "fsdp", "tensor parallel")
     parallelism: list[str] = dataclasses.field(default_factory=list)
+    #: parameter name -> the dimension a plain tensor marked as Megatron's tensor-parallel slice is split along
+    #: (-1: interleaved, `partition_stride` > 1)
+    slices: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
