@@ -35,12 +35,17 @@ def _without_backend(report: str) -> str:
     # each rank draws its own dropout mask: with the process's one generator shared, rank 1 would draw after rank 0
     pytest.param(TwoDimRecipe(dropout=0.5), id="dropout"),
     pytest.param(TwoDimRecipe("tp_rank_in_sampler"), id="tp_peers_read_other_samples"),
+    # the causes of composed parallelism (each snapshot on threads in CausesOnAMesh)
+    pytest.param(TwoDimRecipe("loss_divided_by_tp"), id="loss_not_averaged"),
+    pytest.param(TwoDimRecipe(clip="local"), id="clip_norm_local"),
+    pytest.param(TwoDimRecipe("reduced_over_tp", data_parallel="manual"), id="reduced_over_wrong_dim"),
 ])
 def test_threads_and_gloo_processes_give_the_same_report(recipe: TwoDimRecipe) -> None:
     threads = tp.check_parallel(recipe, world_size=4, backend="threads", steps=2, timeout=120)
     gloo = tp.check_parallel(recipe, world_size=4, backend="gloo", steps=2, timeout=120)
     assert threads.outcome is gloo.outcome, (threads.report(), gloo.report())
-    assert threads.outcome is (tp.Outcome.PASS if recipe.fault is None and not recipe.dropout else tp.Outcome.FAIL)
+    faulty = recipe.fault is not None or recipe.dropout or recipe.clip == "local"
+    assert threads.outcome is (tp.Outcome.FAIL if faulty else tp.Outcome.PASS), threads.report()
     assert _without_backend(threads.report()) == _without_backend(gloo.report())
     if recipe.fault == "tp_rank_in_sampler":  # the peers of a replica on the mesh read other samples: named at once
         first = threads.first_violation
@@ -81,7 +86,8 @@ def first_lines(result: tp.Result) -> str:
 
 
 class CausesOnAMesh(tp.TestCase):
-    """The causes of composed parallelism, each on a (dp, tp) mesh of threads, with its clean twin where it has one."""
+    """The causes of composed parallelism, each on a (dp, tp) mesh of eight threads, with its clean twin where it has
+    one (threads and gloo agree on each at four ranks: test_threads_and_gloo_processes_give_the_same_report)."""
 
     def test_a_loss_averaged_over_the_tensor_parallel_peers_too_names_the_factor_and_the_dimension(self) -> None:
         result = tp.check_parallel(TwoDimRecipe("loss_divided_by_tp", tp=4), world_size=8, backend="threads",
@@ -92,21 +98,23 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   Rank 0's gradients are 1/4 of the reference's, one over the size of the mesh dimension tp (4): the loss was averaged over the ranks of tp once too often (divided by their number while the gradient reduction averages over them too, or averaged over ranks that read the same samples).""")
 
     def test_clipping_by_the_norm_of_each_rank_s_shards_is_named_and_by_the_whole_norm_passes(self) -> None:
-        local = tp.check_parallel(TwoDimRecipe(clip="local"), world_size=4, backend="threads", steps=1, timeout=120)
+        local = tp.check_parallel(TwoDimRecipe(clip="local", tp=4), world_size=8, backend="threads", steps=1,
+                                  timeout=120)
         self.assertExpectedInline(first_lines(local).split(" by a norm of ")[0], """\
 trainparity parallel check: FAIL at gradients.embed.weight (clip_norm_local, step 1, rank 1)
 First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch, cause: clip_norm_local)
   Rank 1 (dp=0, tp=1) clipped its gradients (clip_grads_with_norm_)""")
         first = local.first_violation
         assert first is not None and "computed over this rank's local shards" in first.message, local.report()
-        whole = tp.check_parallel(TwoDimRecipe(clip="global"), world_size=4, backend="threads", steps=1, timeout=120)
+        whole = tp.check_parallel(TwoDimRecipe(clip="global", tp=4), world_size=8, backend="threads", steps=1,
+                                  timeout=120)
         self.assertEqual(whole.outcome, tp.Outcome.PASS, whole.report())
 
     def test_gradients_averaged_by_hand_over_the_tensor_parallel_dimension_are_named(self) -> None:
-        manual = tp.check_parallel(TwoDimRecipe(data_parallel="manual"), world_size=4, backend="threads", steps=1,
+        manual = tp.check_parallel(TwoDimRecipe(data_parallel="manual"), world_size=8, backend="threads", steps=1,
                                    timeout=120)
         self.assertEqual(manual.outcome, tp.Outcome.PASS, manual.report())
-        wrong = tp.check_parallel(TwoDimRecipe("reduced_over_tp", data_parallel="manual"), world_size=4,
+        wrong = tp.check_parallel(TwoDimRecipe("reduced_over_tp", data_parallel="manual"), world_size=8,
                                   backend="threads", steps=1, timeout=120)
         self.assertExpectedInline(first_lines(wrong), """\
 trainparity parallel check: FAIL at gradients.embed.weight (reduced_over_wrong_dim, step 1, rank 2)
