@@ -191,6 +191,40 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad
 
 
+class _GatherFromSequenceParallel(torch.autograd.Function):
+    """Megatron's gather from the sequence-parallel region: every rank's rows, in rank order; in backward, the
+    gradient summed over the ranks and cut back to this rank's rows (a reduce-scatter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad.chunk(dist.get_world_size())[dist.get_rank()].contiguous()
+
+
+class _ReduceScatterToSequenceParallel(torch.autograd.Function):
+    """Megatron's reduce-scatter to the sequence-parallel region: the partial sums summed over the ranks, each rank
+    keeping its rows; in backward, every rank's rows of the gradient gathered."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        x = x.clone()
+        dist.all_reduce(x)
+        return x.chunk(dist.get_world_size())[dist.get_rank()].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, grad.contiguous())
+        return torch.cat(parts)
+
+
 class MegatronMLP(nn.Module):
     """The example's MLP sharded by hand as Megatron-LM does, in plain tensors: `up` split by rows (column parallel)
     and `down` by columns (row parallel) over every rank, each slice marked with Megatron's attributes."""
@@ -217,11 +251,45 @@ class MegatronMLP(nn.Module):
         out: torch.Tensor = self.head(torch.tanh(h))
         return out
 
+    def sequence_parallel_forward(self, rows: torch.Tensor) -> torch.Tensor:
+        """Sequence parallelism (the batch's rows standing for a sequence's tokens): this rank's rows outside the
+        tensor-parallel layers, all rows inside them."""
+        h = _GatherFromSequenceParallel.apply(torch.tanh(self.embed(rows)))
+        h = torch.tanh(self.up(h))
+        h = _ReduceScatterToSequenceParallel.apply(nn.functional.linear(h, self.down.weight)) + self.down.bias
+        out: torch.Tensor = self.head(torch.tanh(h))
+        return out
+
 
 class MegatronRecipe(ParallelRecipe):
     """Every rank a tensor-parallel rank of `MegatronMLP`, all reading the whole batch. Faults: `unmarked` (the
     slices carry no attributes), `input_grad_not_reduced` (the copy to the parallel region forgets its backward
-    all-reduce)."""
+    all-reduce). `sequence_parallel`: Megatron's sequence parallelism, each rank's rows outside the tensor-parallel
+    layers; the replicated parameters' gradients (partial over the rows) all-reduced as Megatron does for the
+    parameters it marks `sequence_parallel` (`sp_grads_not_reduced`: they are not)."""
+
+    def __init__(self, fault: str | None = None, sequence_parallel: bool = False) -> None:
+        super().__init__(fault)
+        self.sequence_parallel = sequence_parallel
+
+    def step(self, state: tp.State, batch: Any) -> torch.Tensor:
+        if not self.sequence_parallel:
+            return super().step(state, batch)
+        _, x, y = batch
+        world, rank = dist.get_world_size(), dist.get_rank()
+        rows = [part.chunk(world)[rank] for part in (x, y)]
+        # this rank's rows' mean, over the ranks: the whole batch's mean once the gradients are summed
+        loss = nn.functional.mse_loss(state.model.sequence_parallel_forward(rows[0]), rows[1]) / world
+        state.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        if self.fault != "sp_grads_not_reduced":
+            for parameter in state.model.parameters():
+                if not getattr(parameter, "tensor_model_parallel", False) and parameter.grad is not None:
+                    dist.all_reduce(parameter.grad)
+        state.optimizer.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return total
 
     def setup(self) -> tp.State:
         model = MegatronMLP(dist.get_rank(), dist.get_world_size(), marked=self.fault != "unmarked",

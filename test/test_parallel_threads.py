@@ -159,6 +159,14 @@ def test_megatron_style_slices_in_plain_tensors_are_assembled_and_unmarked_ones_
     assert first is not None and (first.path, first.cause, first.rank) == (
         "gradients.embed.weight", "tp_partial_not_reduced", 1), fault.report()
     assert "model.up (Linear), the first sharded layer after it" in first.message, fault.report()
+    # Megatron's sequence parallelism: each rank's rows outside the tensor-parallel layers
+    sequence = tp.check_parallel(MegatronRecipe(sequence_parallel=True), world_size=4, backend="threads", steps=2,
+                                 timeout=120)
+    assert sequence.outcome is tp.Outcome.PASS, sequence.report()
+    partial = tp.check_parallel(MegatronRecipe("sp_grads_not_reduced", sequence_parallel=True), world_size=4,
+                                backend="threads", steps=1, timeout=120)
+    first = partial.first_violation
+    assert first is not None and (first.path, first.cause) == ("gradients.embed.weight", "tp_partial_not_reduced")
     unmarked = tp.check_parallel(MegatronRecipe("unmarked"), world_size=4, backend="threads", steps=1, timeout=120)
     assert unmarked.outcome is tp.Outcome.ABSTAIN, unmarked.report()
     assert "down.weight is [8, 4] there and [8, 16] in the reference (a slice of a plain tensor? mark each slice as " \
