@@ -6,6 +6,7 @@ first violation lands on the most specific cause.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -178,15 +179,18 @@ def judge_parallel(
 CLIP_LOCAL = "clip_norm_local"
 
 
+def _close(expected: float, actual: float) -> bool:
+    """Two norms equal within the diagnoses' `RATIO_TOLERANCE`."""
+    return math.isclose(actual, expected, rel_tol=RATIO_TOLERANCE.rtol, abs_tol=RATIO_TOLERANCE.atol)
+
+
 def local_clip(step: RankStep, reference: RankStep, who: str) -> str | None:
     """The preface of a rank whose clipping scaled by another norm than its gradients' whole norm, while that norm is
     the reference's (the gradients it clipped were right): its norm covered only its shards. None otherwise."""
     for index, clip in enumerate(step.clips):
         expected = reference.clips[index] if index < len(reference.clips) else None
-        if clip.applied is None or expected is None or compare_leaves(
-                torch.tensor(clip.applied), torch.tensor(clip.norm), RATIO_TOLERANCE) is None:
-            continue
-        if compare_leaves(torch.tensor(expected.norm), torch.tensor(clip.norm), RATIO_TOLERANCE) is not None:
+        if clip.applied is None or expected is None or _close(clip.applied, clip.norm) \
+                or not _close(expected.norm, clip.norm):
             continue
         return (f"{who.capitalize()} clipped its gradients ({clip.function}) by a norm of "
                 f"{format_number(clip.applied)}, where the norm of the whole gradients it clipped is "

@@ -10,10 +10,10 @@ a model dimension, the ranks are judged as plain data-parallel replicas.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import nn
 
 from trainparity._compat import root_mesh
@@ -85,7 +85,7 @@ def peer_groups(meshes: Sequence[Mesh | None]) -> list[list[int]] | None:
     if first is None or not first.model_dims or any(
             mesh is None or (mesh.names, mesh.shape) != (first.names, first.shape) for mesh in meshes):
         return None
-    if int(torch.tensor(first.shape).prod()) != len(meshes):
+    if math.prod(first.shape) != len(meshes):
         return None
     groups: dict[tuple[int, ...], list[int]] = {}
     for rank, mesh in enumerate(meshes):

@@ -211,6 +211,8 @@ class GradientReductions(HookSet):
         super().__init__()
         self.observer, self.recipe_type = observer, recipe_type
         self.reductions: list[Reduction] = []
+        #: where each parameter's gradient (a DTensor's local tensor) lives -> the parameter and its name
+        self._gradients: dict[int, tuple[str, nn.Parameter]] = {}
 
     def _install(self) -> None:
         import torch.distributed as dist
@@ -230,17 +232,29 @@ class GradientReductions(HookSet):
     def _record(self, tensor: torch.Tensor, group: Any) -> None:
         import torch.distributed as dist
 
-        for name, parameter in self.observer.parameters():
-            grad = parameter.grad
-            local = getattr(grad, "_local_tensor", grad)  # a DTensor's shard
-            if isinstance(local, torch.Tensor) and local.numel() and local.data_ptr() == tensor.data_ptr():
-                ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-                self.reductions.append(Reduction(name, sorted(ranks)))
-                return
+        if not tensor.numel():
+            return
+        # the gradients' storages, indexed again only when one is not found (gradients made since): a loop of
+        # all-reduces, one per parameter, costs one walk over the parameters, not one each
+        found = self._gradients.get(tensor.data_ptr())
+        if found is None or _storage(found[1]) != tensor.data_ptr():  # a gradient made, or freed, since
+            self._gradients = {pointer: (name, parameter) for name, parameter in self.observer.parameters()
+                               if (pointer := _storage(parameter)) is not None}
+            found = self._gradients.get(tensor.data_ptr())
+        if found is not None:
+            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+            self.reductions.append(Reduction(found[0], sorted(ranks)))
 
     def take(self) -> list[Reduction]:
         reductions, self.reductions = self.reductions, []
         return reductions
+
+
+def _storage(parameter: torch.Tensor) -> int | None:
+    """Where a parameter's gradient (a DTensor's local tensor) lives; None without one."""
+    grad = parameter.grad
+    local = getattr(grad, "_local_tensor", grad)
+    return local.data_ptr() if isinstance(local, torch.Tensor) and local.numel() else None
 
 
 def _output_tensors(output: object) -> list[tuple[str, torch.Tensor]]:
