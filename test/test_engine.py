@@ -225,8 +225,10 @@ def test_the_fork_server_caches_bytecode_privately_and_keeps_a_spare_child(tmp_p
                           "server_after": _launchers.SERVER._process.pid,
                           "spare_after": spares(_launchers.SERVER._process.pid)}}))
     """)
+    # Without the suite's shared bytecode directory (test/conftest.py): the user's environment as it comes.
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONPYCACHEPREFIX"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)})
+                          env={**environment, "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(temporary)})
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout.splitlines()[-1])
     first, second = facts["first"], facts["second"]

@@ -46,10 +46,18 @@ def test_an_rng_the_checkpoint_never_held_is_not_restored_a_fresh_start_s_stream
 
 
 @pytest.mark.exact
-def test_a_prefetched_batch_lost_leads_with_the_data_and_the_restored_rng_explains_it() -> None:
+def test_a_prefetched_batch_lost_leads_with_the_data_and_the_restored_rng_explains_it(tmp_path: pathlib.Path) -> None:
     """The RNG was restored right; the batch prefetched before the save was not kept, so the first batch drawn
-    after the resume is the next one: the data is what to fix, and the RNG's difference is that draw."""
-    result = check("prefetch_lost")
+    after the resume is the next one: the data is what to fix, and the RNG's difference is that draw. Checked on
+    the command line, which exits 1 on the FAIL and writes the result that is read back here."""
+    command = f"{sys.executable} {SCRIPT} --out_dir {{workdir}} --fault prefetch_lost"
+    written = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-m", "trainparity", "resume-script", "--steps", "6", "--resume-at", "3",
+                           "--run", command, "--resume", command + " --init_from resume", "--timeout", "120",
+                           "--json", str(written)], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cause: data_skipped" in done.stdout
+    result = tp.ResumeResult.from_json(written.read_text())
     first = result.first_violation
     assert first is not None and (first.path, first.step, first.cause) == ("data.sample_ids", 4, "data_skipped"), (
         result.report())
@@ -133,16 +141,6 @@ def test_bad_arguments_are_refused_at_the_call(arguments: dict[str, object], err
         check_resume_script(**arguments)  # type: ignore[arg-type]
 
 
-@pytest.mark.exact
-def test_the_command_line_form_exits_1_on_a_fail() -> None:
-    command = f"{sys.executable} {SCRIPT} --out_dir {{workdir}} --fault prefetch_lost"
-    done = subprocess.run([sys.executable, "-m", "trainparity", "resume-script", "--steps", "6", "--resume-at", "3",
-                           "--run", command, "--resume", command + " --init_from resume", "--timeout", "120"],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "cause: data_skipped" in done.stdout
-
-
 REFERENCE = [sys.executable, str(SCRIPT), "--out_dir", "{workdir}", "--double", "--eval_interval", "100",
              "--batch", "4"]
 ACCUMULATED = [*REFERENCE[:-1], "2", "--grad_accum", "2"]
@@ -175,23 +173,21 @@ def test_the_checkpointing_switch_of_a_script_is_configuration_not_state() -> No
 
 
 @pytest.mark.numeric
-def test_a_loss_not_divided_by_the_accumulation_steps_is_named() -> None:
-    result = tp.check_runs_equivalent(REFERENCE, [*ACCUMULATED, "--fault", "loss_not_scaled"], steps=3,
-                                      comparison=TOLERANCE, timeout=120)
+def test_a_loss_not_divided_by_the_accumulation_steps_is_named(tmp_path: pathlib.Path) -> None:
+    """On the command line, which exits 1 on the FAIL and writes the result that is read back here."""
+    written = tmp_path / "result.json"
+    done = subprocess.run([sys.executable, "-m", "trainparity", "equivalent", "--steps", "3", "--rtol", "1e-9",
+                           "--atol", "1e-12", "--reference", shlex.join(REFERENCE),
+                           "--candidate", shlex.join([*ACCUMULATED, "--fault", "loss_not_scaled"]),
+                           "--timeout", "120", "--json", str(written)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cause: loss_not_scaled" in done.stdout
+    result = tp.RunsResult.from_json(written.read_text())
     first = result.first_violation
     assert result.outcome is tp.Outcome.FAIL and first is not None, result.report()
     assert (first.path, first.step, first.cause) == ("loss", 1, "loss_not_scaled"), result.report()
     assert {v.cause for v in result.violations if v.step == 1} == {"loss_not_scaled"}
-
-
-@pytest.mark.numeric
-def test_equivalent_on_the_command_line_exits_1_on_a_fail() -> None:
-    done = subprocess.run([sys.executable, "-m", "trainparity", "equivalent", "--steps", "2", "--rtol", "1e-9",
-                           "--atol", "1e-12", "--reference", shlex.join(REFERENCE),
-                           "--candidate", shlex.join([*ACCUMULATED, "--fault", "loss_not_scaled"]),
-                           "--timeout", "120"], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert "cause: loss_not_scaled" in done.stdout
 
 
 @pytest.mark.exact

@@ -43,7 +43,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from trainparity._observe._hooks import HookSet
 from trainparity._results._report import relative_paths
@@ -55,8 +54,13 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ENABLED_AT = list(inspect.signature(AUTOCAST.__init__).parameters).index("enabled") - 1
 
 
-def _formulas() -> dict[Any, Callable[..., int]]:
-    """Op packet -> FLOP formula: torch's table without its backward ops, and the CPU flash-attention kernel."""
+@functools.cache
+def formulas() -> dict[Any, Callable[..., int]]:
+    """Op packet -> FLOP formula: torch's table without its backward ops, and the CPU flash-attention kernel.
+    Read on first use: torch's FLOP counter imports triton where it is installed (a tenth of a second at every
+    interpreter's start, script runs included, for the mixed-precision check alone)."""
+    from torch.utils.flop_counter import flop_registry
+
     table: dict[Any, Callable[..., int]] = {packet: formula for packet, formula in flop_registry.items()
                                             if "backward" not in str(packet)}
     flash = torch.ops.aten._scaled_dot_product_flash_attention
@@ -64,8 +68,6 @@ def _formulas() -> dict[Any, Callable[..., int]]:
         table[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = table[flash]
     return table
 
-
-FORMULAS = _formulas()
 
 
 def low_precision(dtype: str) -> bool:
@@ -270,7 +272,7 @@ class _OpMode(TorchDispatchMode):  # type: ignore[no-untyped-call, unused-ignore
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func._overloadpacket
-        formula = FORMULAS.get(packet)
+        formula = formulas().get(packet)
         if formula is not None:
             self.watch.record_op(packet, formula, args, kwargs, out)
         return out

@@ -69,6 +69,9 @@ def warm_up() -> None:
             __import__(module)
         except ImportError:
             pass
+    from trainparity._observe._autocast import formulas
+
+    formulas()  # torch's FLOP table, read on first use: the mixed-precision check's children find it built
     restore_rng(streams)
     random.setstate(python_state)
     np.random.set_state(numpy_state)
