@@ -138,11 +138,15 @@ def test_spec_with_constructor_arguments_is_the_form_reports_print(capsys: pytes
 
 @pytest.mark.exact
 def test_file_path_spec_is_rebuilt_in_fresh_processes_from_another_directory(tmp_path: pathlib.Path) -> None:
-    done = run_cli("resume", f"{HERE / 'resume_recipes.py'}:ResumeRecipe(fault='counter')", "--steps", "3",
-                   "--resume-at", "1", "--isolation", "spawn", cwd=tmp_path)
+    """Also the fault of test_resume.py's test_other_isolations_agree, found under spawn."""
+    target = tmp_path / "result.json"
+    done = run_cli("resume", f"{HERE / 'resume_recipes.py'}:ResumeRecipe(fault='scheduler')", "--steps", "4",
+                   "--resume-at", "2", "--isolation", "spawn", "--json", str(target), cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("trainparity resume check: FAIL at global_step (not_restored, step 1)\n")
-    assert "recipe=\"resume_recipes:ResumeRecipe(fault='counter')\"" in done.stdout
+    assert done.stdout.startswith("trainparity resume check: FAIL at scheduler.last_epoch (not_restored, step 2)\n")
+    assert "recipe=\"resume_recipes:ResumeRecipe(fault='scheduler')\"" in done.stdout
+    first = tp.ResumeResult.from_json(target.read_text()).first_violation
+    assert first is not None and first.path == "scheduler.last_epoch"
 
 
 @pytest.mark.exact
@@ -231,23 +235,25 @@ def test_coverage_command_usage_errors(function: str, message: str, capsys: pyte
 
 
 @pytest.mark.exact
-def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path) -> None:
+def test_resume_command_on_a_world_of_ranks(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "result.json"
-    done = run_cli("resume", "parallel_recipes:WideDDPRecipe", "--world-size", "2", "--steps", "4",
-                   "--timeout", "120", "--json", str(target))
-    assert done.returncode == 0 and done.stdout.startswith("trainparity resume check: PASS"), done.stdout + done.stderr
+    status = main(["resume", "parallel_recipes:WideDDPRecipe", "--world-size", "2", "--steps", "4",
+                   "--timeout", "120", "--json", str(target)])
+    out = capsys.readouterr().out
+    assert status == 0 and out.startswith("trainparity resume check: PASS"), out
     config = json.loads(target.read_text())["config"]
     assert (config["world_size"], config["resume_world_size"], config["backend"]) == (2, 2, "gloo"), config
 
 
 @pytest.mark.numeric
-def test_parallel_command(tmp_path: pathlib.Path) -> None:
+def test_parallel_command(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "result.json"
-    done = run_cli("parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
-                   "--timeout", "120", "--json", str(target))
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith("trainparity parallel check: FAIL at gradients.")
-    assert done.stderr == ""
+    status = main(["parallel", "data_parallel_recipes:DDPRecipe(fault='no_ddp')", "--steps", "1",
+                   "--timeout", "120", "--json", str(target)])
+    printed = capsys.readouterr()
+    assert status == 1, printed.out + printed.err
+    assert printed.out.startswith("trainparity parallel check: FAIL at gradients.")
+    assert printed.err == ""
     written = json.loads(target.read_text())
     assert written["check"] == "parallel" and written["first_violation"]["cause"] == "grads_not_synchronized"
 
@@ -300,11 +306,12 @@ def test_worker_randomness_command_from_a_real_process(tmp_path: pathlib.Path) -
 
 
 @pytest.mark.numeric
-def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Path) -> None:
+def test_mixed_precision_command_takes_the_autocast_options(tmp_path: pathlib.Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "amp.json"
-    done = run_cli("mixed-precision", "autocast_recipes:Float32Head", "--steps", "1", "--allow-float32", "head",
-                   "--json", str(target))
-    assert done.returncode == 0, done.stdout + done.stderr
+    status = main(["mixed-precision", "autocast_recipes:Float32Head", "--steps", "1", "--allow-float32", "head",
+                   "--json", str(target)])
+    assert status == 0, capsys.readouterr().out
     assert json.loads(target.read_text())["config"]["allow_float32"] == ["head"]
 
 
