@@ -168,6 +168,19 @@ class Faulty(tp.Recipe):
         return super().load(path)
 
 
+class TwoFaults(Faulty):
+    """`fault`, then `then`, where and when Faulty would inject each: one check serves the tests of both faults
+    (a check under spawn costs seconds of interpreters importing torch)."""
+
+    def __init__(self, fault: str, then: str, phase: str = "step", pid_dir: str | None = None) -> None:
+        super().__init__(fault, phase, pid_dir)
+        self.then = Faulty(then, phase, pid_dir)
+
+    def _maybe(self, phase: str) -> None:
+        super()._maybe(phase)
+        self.then._maybe(phase)
+
+
 class WithRngEntry(Faulty):
     """A State entry named `rng` (a tensor), which `forget=True` does not restore on load."""
 

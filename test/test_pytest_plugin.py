@@ -133,16 +133,6 @@ def test_header_options_and_summary(project: pathlib.Path) -> None:
     ], done.stdout
 
 
-@pytest.mark.numeric
-def test_built_in_defaults_without_options(project: pathlib.Path) -> None:
-    done = run_pytest(project, "tests", "-k", "test_resume or test_accumulation")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "check defaults: isolation=per check, timeout=120s, precision=float64" in done.stdout
-    found = reports(project)
-    assert found["resume"]["config"]["isolation"] == "process"  # type: ignore[index]
-    assert found["accumulation"]["config"]["precision"] == "float64"  # type: ignore[index]
-
-
 @pytest.mark.exact
 @pytest.mark.parametrize(("option", "message"), [
     ("--trainparity-timeout=0",
@@ -197,16 +187,20 @@ def _processes_carrying(marker: str, grace: float = 5.0) -> list[int]:
 
 
 @pytest.mark.numeric
-def test_import_mode_importlib_with_a_module_the_children_cannot_import_by_name(project: pathlib.Path,
-                                                                                tmp_path_factory: pytest.TempPathFactory
-                                                                                ) -> None:
+def test_built_in_defaults_and_import_mode_importlib_with_a_module_the_children_cannot_import_by_name(
+        project: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Without a trainparity option the checks run under the built-in defaults: one run of pytest within pytest
+    (seconds) shows those and the importlib import mode, as both take the same passing checks."""
     elsewhere = tmp_path_factory.mktemp("elsewhere")  # neither the project nor its tests directory is on sys.path
     done = run_pytest(project, str(project / "tests"), "--import-mode=importlib", "--rootdir", str(project),
                       "-k", "not test_coverage_fails", cwd=elsewhere)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "check defaults: isolation=per check, timeout=120s, precision=float64" in done.stdout
     found = reports(project)
     assert found["resume"]["config"]["recipe"] == "tests.test_user:Regression"  # type: ignore[index]
     assert {"resume", "spawn", "accumulation"} <= set(found)
+    assert found["resume"]["config"]["isolation"] == "process"  # type: ignore[index]
+    assert found["accumulation"]["config"]["precision"] == "float64"  # type: ignore[index]
 
 
 WORKER_TESTS = '''

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import torch
-from fault_recipes import Faulty
+from fault_recipes import Faulty, recorded_pids
 from process_helpers import still_running
 from resume_recipes import ResumeRecipe
 from wide_recipes import Wide
@@ -70,6 +70,12 @@ def hanging(phase: str, pid_dir: pathlib.Path) -> Faulty:
     return Faulty("hang", phase, str(pid_dir))
 
 
+def left_running(pid_dir: pathlib.Path) -> list[int]:
+    """The processes that hung, as `pid_dir` records them, still running once the check returned (an in-process
+    check records this process, which hung and goes on)."""
+    return still_running([pid for pid in recorded_pids(pid_dir) if pid != os.getpid()], grace=2.0)
+
+
 CHECKS: dict[str, Callable[[tp.Recipe, str, float], tp.Result]] = {
     "resume": lambda recipe, isolation, timeout: tp.check_resume(recipe, steps=4, resume_at=2, isolation=isolation,
                                                                 timeout=timeout),
@@ -112,8 +118,7 @@ def test_a_hang_in_any_phase_ends_the_check_soon_after_its_timeout(check: str, p
     result, elapsed = timed(lambda: CHECKS[check](hanging(phase, tmp_path), isolation, timeout))
     assert_timed_out(result, elapsed, timeout)
     assert result.error is not None and "in inject" in (result.error.traceback or ""), result.report()  # it hung there
-    assert still_running([int(pid) for path in tmp_path.glob("*.pids") for pid in path.read_text().split()
-                          if int(pid) != os.getpid()], grace=2.0) == []
+    assert left_running(tmp_path) == []
 
 
 @pytest.mark.parametrize(("check", "isolation"), [
@@ -124,6 +129,7 @@ def test_the_timeout_holds_in_every_isolation(check: str, isolation: str, tmp_pa
     timeout = TIMEOUTS[isolation]
     result, elapsed = timed(lambda: CHECKS[check](hanging("step", tmp_path), isolation, timeout))
     assert_timed_out(result, elapsed, timeout)
+    assert left_running(tmp_path) == []
 
 
 def test_an_in_process_timeout_shows_where_the_run_was_interrupted(tmp_path: pathlib.Path) -> None:
