@@ -19,16 +19,31 @@ def _exit_trap() -> str:
     return traps[0]
 
 
+def _background_jobs() -> str:
+    """.ci/run's lines from its list of background jobs to the end of `finish`, the function that waits for one."""
+    block = re.findall(r"^background=\(\)$.*?^finish\(\) \{$.*?^\}$", CI_SCRIPT.read_text(),
+                       flags=re.MULTILINE | re.DOTALL)
+    assert len(block) == 1, f"expected one list of background jobs and its finish() in {CI_SCRIPT}, found {block}"
+    assert _exit_trap() in block[0]
+    return block[0]
+
+
 def _run_with_the_exit_trap(background: str, steps: str) -> subprocess.CompletedProcess[str]:
-    # The same shell options and background job as .ci/run, then the steps that follow it there.
-    script = f'set -euo pipefail\n{background} &\nprepare=$!\n{_exit_trap()}\n{steps}\n'
+    # The same shell options, background jobs and trap as .ci/run, one job, then the steps that follow it there.
+    script = f'set -euo pipefail\n{_background_jobs()}\n{background} &\njob=$!\nbackground+=("$job")\n{steps}\n'
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
 
 
 def test_a_run_whose_steps_all_pass_exits_zero_after_its_background_job_ended() -> None:
     # The background job has ended and has no children: the trap's pkill and kill find nothing to stop.
-    finished = _run_with_the_exit_trap("true", 'wait "$prepare"\necho steps passed')
+    finished = _run_with_the_exit_trap("true", 'finish "$job" "$(mktemp)"\necho steps passed')
     assert (finished.returncode, finished.stdout) == (0, "steps passed\n"), finished.stderr
+
+
+def test_a_failing_background_job_fails_the_run_with_the_lines_of_its_log_that_say_why() -> None:
+    log = 'log=$(mktemp)\nprintf "row | ok\\nrow | left running\\n" > "$log"\n'
+    failed = _run_with_the_exit_trap("false", f'{log}finish "$job" "$log" "| ok$"\necho not reached')
+    assert (failed.returncode, failed.stdout) == (1, "row | left running\n"), failed.stderr
 
 
 def test_a_failing_step_fails_the_run_and_stops_the_background_job() -> None:
