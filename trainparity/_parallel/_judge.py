@@ -6,6 +6,7 @@ first violation lands on the most specific cause.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -89,90 +90,107 @@ def judge_parallel(
     difference = unplaced or layout_difference(reference, ranks)
     if difference is not None:
         return ParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
-    world_size = len(ranks)
-    violations: list[Violation] = []
-    rounding: list[bool] = []
-
-    def add(found: Violation, expected: Leaf = None, actual: Leaf = None) -> None:
-        violations.append(found)
-        rounding.append(_within_rounding(expected, actual, comparison))
-
-    notes: list[str] = []
-    data_checked = True
     meshes = [rank.mesh for rank in ranks]
     groups = peer_groups(meshes)
-    uses = ranks[0].parallelism if ranks else []
     # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
-    batch_dependent = sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
-                              if not module.endswith("(SyncBatchNorm)")})
+    judging = _Judging(comparison, reference.layers, meshes, groups, ranks[0].parallelism if ranks else [],
+                       sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
+                               if not module.endswith("(SyncBatchNorm)")}))
+    found: list[tuple[Violation, Leaf, Leaf]] = []
+    data_checked = True
     for index, expected in enumerate(reference.steps):
-        step: int = expected.step
         observed = [rank.steps[index] for rank in ranks]
         shards = [o.sample_ids for o in observed if o.sample_ids is not None]
         if expected.sample_ids is None or len(shards) < len(observed):
             data_checked = False
         else:
-            peers = [] if groups is None else peer_violations(step, groups, shards, meshes)
-            for violation in peers or shard_violations(step, expected.sample_ids, shards):
-                add(violation)
+            peers = [] if groups is None else peer_violations(expected.step, groups, shards, meshes)
+            found += [(v, None, None) for v in peers or shard_violations(expected.step, expected.sample_ids, shards)]
         # A tensor-parallel group computes one model on the same batch: partial sums over its ranks are telling.
         group = expected.sample_ids is not None and len(shards) == len(observed) and reads_whole_batch(
             expected.sample_ids, shards)
-        partial = partial_output(expected, observed, comparison) if group else None
-        if partial is None and groups is not None and not group:
-            partial = peer_partial_output(expected, observed, groups[0], comparison)
-        found: list[tuple[Violation, Leaf, Leaf]] = []
-        first = observed[0]
-        clipped = {rank: told for rank, step_of in enumerate(observed)
-                   if (told := local_clip(step_of, expected, named(rank, meshes))) is not None}
-        step_cause = TP_PARTIAL if partial is not None else CLIP_LOCAL if clipped else None
-        for rank, other in enumerate(observed[1:], start=1):
-            for m in compared(first.gradients, other.gradients, "gradients", comparison):
-                if step_cause == CLIP_LOCAL:
-                    reason, preface = CLIP_LOCAL, clipped.get(rank, clipped[min(clipped)])
-                else:
-                    reason, preface = _unsynchronized(m.path, rank, expected, observed, reference.layers, partial,
-                                                      group, meshes, uses)
-                step_cause = step_cause or reason
-                found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
-                              first.gradients.get(m.path), other.gradients.get(m.path)))
-        for m in compared(expected.gradients, first.gradients, "gradients", comparison):
-            e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
-            cause: str | None
-            if step_cause == CLIP_LOCAL and 0 in clipped:
-                cause, preface = CLIP_LOCAL, clipped[0]
-            else:
-                cause, preface = _reference_gradient_cause(e, a, world_size, batch_dependent, step_cause, meshes[0])
-            step_cause = cause
-            found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
-        for rank, other in enumerate(observed[1:], start=1):
-            for m in compared(first.parameters, other.parameters, "parameters", comparison):
-                found.append((_violation("replica_mismatch", "replicas", m, step, rank,
-                                         step_cause if step_cause in (TP_PARTIAL, CLIP_LOCAL)
-                                         else "grads_not_synchronized",
-                                         f"{named(rank, meshes).capitalize()}'s parameters after the step differ "
-                                         f"from {named(0, meshes)}'s: the replicas drifted apart."),
-                              first.parameters.get(m.path), other.parameters.get(m.path)))
-        for m in compared(expected.parameters, first.parameters, "parameters", comparison):
-            found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
-                                     "Rank 0's parameters after the step differ from the reference's."),
-                          expected.parameters.get(m.path), first.parameters.get(m.path)))
-        if found and partial is not None:
-            # The module that summed partially comes first: the gradients and parameters follow from it.
-            add(_partial_violation(step, partial, meshes), partial.expected.values, partial.actual.values)
-        for violation, e, a in found:
-            add(violation, e, a)
+        found += _state_differences(expected, observed, group, judging)
+    violations = [violation for violation, _, _ in found]
+    notes: list[str] = []
     if not data_checked:
         notes.append("data stream not checked: the recipe's sample_ids() returns None.")
     if reference.optimizers == 0:
         notes.append("gradients not compared: the State holds no torch.optim.Optimizer whose step could be observed.")
-    if violations and all(rounding):
+    if violations and all(_within_rounding(e, a, comparison) for _, e, a in found):
         notes.append(
             "every difference is within torch.testing's default tolerance for its dtype: ranks reduce the batch "
             "in another order than one process, which changes rounding. If that is acceptable, judge in float64 "
             "(precision='float64', the default) or declare comparison=tp.ToleranceComparison(rtol=..., atol=...)."
         )
     return ParallelResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judging:
+    """What each step of one parallel check is judged with."""
+
+    comparison: Comparison
+    #: parameter name -> the layer that owns it, as reports name it (the reference's)
+    layers: dict[str, str]
+    meshes: list[Mesh | None]
+    #: the ranks that read the same samples, grouped (`peer_groups`); None: no model dimension
+    groups: list[list[int]] | None
+    #: what the State's modules use, as hints speak of it (rank 0's)
+    uses: list[str]
+    #: the modules whose output depends on the batch they see (not SyncBatchNorm)
+    batch_dependent: list[str]
+
+
+def _state_differences(expected: RankStep, observed: list[RankStep], group: bool,
+                       judging: _Judging) -> list[tuple[Violation, Leaf, Leaf]]:
+    """One step's gradients and parameters: each rank's against rank 0's, rank 0's against the reference's, with the
+    step's cause (a partial sum over a tensor-parallel group, clipping by local norms) named first; each violation
+    with the two values it compares (`group`: the ranks read the whole batch between them)."""
+    step: int = expected.step
+    comparison, meshes, groups = judging.comparison, judging.meshes, judging.groups
+    partial = partial_output(expected, observed, comparison) if group else None
+    if partial is None and groups is not None and not group:
+        partial = peer_partial_output(expected, observed, groups[0], comparison)
+    found: list[tuple[Violation, Leaf, Leaf]] = []
+    first = observed[0]
+    clipped = {rank: told for rank, step_of in enumerate(observed)
+               if (told := local_clip(step_of, expected, named(rank, meshes))) is not None}
+    step_cause = TP_PARTIAL if partial is not None else CLIP_LOCAL if clipped else None
+    for rank, other in enumerate(observed[1:], start=1):
+        for m in compared(first.gradients, other.gradients, "gradients", comparison):
+            if step_cause == CLIP_LOCAL:
+                reason, preface = CLIP_LOCAL, clipped.get(rank, clipped[min(clipped)])
+            else:
+                reason, preface = _unsynchronized(m.path, rank, expected, observed, judging.layers, partial,
+                                                  group, meshes, judging.uses)
+            step_cause = step_cause or reason
+            found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
+                          first.gradients.get(m.path), other.gradients.get(m.path)))
+    for m in compared(expected.gradients, first.gradients, "gradients", comparison):
+        e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
+        cause: str | None
+        if step_cause == CLIP_LOCAL and 0 in clipped:
+            cause, preface = CLIP_LOCAL, clipped[0]
+        else:
+            cause, preface = _reference_gradient_cause(e, a, len(observed), judging.batch_dependent, step_cause,
+                                                       meshes[0])
+        step_cause = cause
+        found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
+    for rank, other in enumerate(observed[1:], start=1):
+        for m in compared(first.parameters, other.parameters, "parameters", comparison):
+            found.append((_violation("replica_mismatch", "replicas", m, step, rank,
+                                     step_cause if step_cause in (TP_PARTIAL, CLIP_LOCAL) else "grads_not_synchronized",
+                                     f"{named(rank, meshes).capitalize()}'s parameters after the step differ "
+                                     f"from {named(0, meshes)}'s: the replicas drifted apart."),
+                          first.parameters.get(m.path), other.parameters.get(m.path)))
+    for m in compared(expected.parameters, first.parameters, "parameters", comparison):
+        found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
+                                 "Rank 0's parameters after the step differ from the reference's."),
+                      expected.parameters.get(m.path), first.parameters.get(m.path)))
+    if found and partial is not None:
+        # The module that summed partially comes first: the gradients and parameters follow from it.
+        found.insert(0, (_partial_violation(step, partial, meshes), partial.expected.values, partial.actual.values))
+    return found
 
 
 #: the norm for gradient clipping computed over each rank's local shards
