@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 import trainparity as tp
 
@@ -65,6 +67,22 @@ class MLP(tp.Recipe):
             state.optimizer.step()
             state.optimizer.zero_grad()
         return loss.detach()
+
+
+class ShardedMLP(MLP):
+    """The MLP in DistributedDataParallel, each rank training its contiguous slice of every batch (the whole batch
+    in a world of one): the parallel check's tiny model."""
+
+    def setup(self) -> tp.State:
+        state = super().setup()
+        state.model = DistributedDataParallel(state.model)  # the optimizer holds the same parameters
+        return state
+
+    def batches(self, state: tp.State) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        rank, share = dist.get_rank(), self.batch // dist.get_world_size()
+        for ids, x, y in super().batches(state):
+            part = slice(rank * share, (rank + 1) * share)
+            yield ids[part], x[part], y[part]
 
 
 class Block(nn.Module):

@@ -131,6 +131,36 @@ def plain_accumulation_runs(make: Callable[..., Any], microbatches: int, cycles:
                 trainer.step(state, micro)
 
 
+def plain_parallel_runs(make: Callable[[], Any], world_size: int, steps: int) -> None:
+    """The parallel check's runs as plain training in float64 (its precision): the reference, a world of one rank,
+    then the world of `world_size` ranks, each rank a thread of this process as `backend="threads"` runs them."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for size in (1, world_size):
+            _plain_world(make, size, steps)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _plain_world(make: Callable[[], Any], size: int, steps: int) -> None:
+    import torch.distributed as dist
+
+    from trainparity._process._threads import ThreadedWorld
+
+    def rank(number: int) -> None:
+        world.join()
+        recipe = make()
+        seed_like_the_checks(0)
+        train(recipe, recipe.setup(), steps)
+        dist.destroy_process_group()
+
+    world = ThreadedWorld(size, rank)
+    world.run()
+
+
 def fork_seconds(rounds: int = 20) -> float:
     """The median time of one process start from this (warm) interpreter: fork, the child's exit, the wait."""
     def start() -> None:

@@ -8,9 +8,10 @@ on bench_recipes.FineTuneMLP (a frozen BatchNorm encoder, dropout, an evaluation
 mixed_precision on the quickstart's AmpRegression.
 
 Bounds (issue 38): the warm resume check within 3x its four plain runs plus one process start (fork, exit, wait,
-measured here); accumulation (its two runs in float64, the precision it judges in) and each preflight check
-within 2x their plain runs. The exit status is non-zero when a check does not PASS (its figures would not be the
-check's cost); a bound that does not hold is printed as FAIL.
+measured here); accumulation (its two runs in float64, the precision it judges in), parallel (the same MLP in DDP,
+its reference and a world of 2 ranks as threads, in float64) and each preflight check within 2x their plain runs.
+The exit status is non-zero when a check does not PASS (its figures would not be the check's cost); a bound that
+does not hold is printed as FAIL.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from benchmarks._timing import (
     fork_seconds,
     machine,
     plain_accumulation_runs,
+    plain_parallel_runs,
     plain_resume_runs,
     seconds,
     seed_like_the_checks,
@@ -36,12 +38,20 @@ from benchmarks._timing import (
 
 ROUNDS = 9
 STEPS = 6
+#: the parallel check's world: its ranks as threads
+WORLD_SIZE = 2
 
 
 def _tiny(**overrides: int) -> Any:
     from bench_recipes import MLP
 
     return MLP(inputs=16, width=96, hidden=2, outputs=1, batch=16, **overrides)
+
+
+def _tiny_sharded() -> Any:
+    from bench_recipes import ShardedMLP
+
+    return ShardedMLP(inputs=16, width=96, hidden=2, outputs=1, batch=16)
 
 
 def _default_steps(check: Callable[..., Any]) -> int:
@@ -102,6 +112,10 @@ def probe() -> None:
     measure("check_accumulation", lambda: tp.check_accumulation(_tiny(), microbatches=4, cycles=2),
             lambda: plain_accumulation_runs(_tiny, 4, 2, torch.float64), "2 runs, float64 (2 steps, 2 windows of 4)",
             2.0)
+    measure("check_parallel (threads)",
+            lambda: tp.check_parallel(_tiny_sharded(), world_size=WORLD_SIZE, backend="threads", steps=STEPS),
+            lambda: plain_parallel_runs(_tiny_sharded, WORLD_SIZE, STEPS),
+            f"a world of 1 and of {WORLD_SIZE} ranks as threads, float64, DDP ({STEPS} steps each)", 2.0)
     for name, check, recipe, steps in preflight:
         measure(name, check, training(recipe, steps), f"setup + {steps} steps", 2.0)
     print(json.dumps({"rows": rows, "errors": errors, "parameters": parameter_count(_tiny().setup().model)}))
@@ -119,7 +133,6 @@ def run(args: argparse.Namespace) -> None:
         table.append((row["check"], f"{row['cold'] * 1e3:.0f} ms", f"{row['warm'] * 1e3:.1f} ms",
                       f"{row['plain'] * 1e3:.1f} ms", f"{ratio:.2f}x",
                       f"<= {row['bound']:.0f}x {'pass' if ratio <= row['bound'] else 'FAIL'}", row["what"]))
-    table.append(("parallel (threads)", "-", "-", "-", "-", "<= 2x", "no threads backend yet (issue 40)"))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
