@@ -174,6 +174,7 @@ def test_a_grandchild_in_its_own_session_does_not_survive_the_check(
     # long enough for a spawned interpreter to import torch and reach the step on a loaded machine; a hanging
     # check waits all of it
     timeout = 60 if outcome is tp.Outcome.PASS else 25 if isolation == "spawn" else 8
+    _launchers.warm_up()  # nor need it cover the fork server's start, where this is a worker's first check
     result = resume(recipe, isolation=isolation, timeout=timeout)
     assert result.outcome is outcome, result.report()
     assert len(recorded_pids(pid_dir)) >= 2  # the child and its grandchild did start
