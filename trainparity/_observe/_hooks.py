@@ -272,6 +272,10 @@ class _Routes:
                 setattr(namespace, attribute, function)
 
 
+#: modules that a recipe class's MRO may pass through and that hold none of the recipe's code
+_NOT_THE_RECIPES = frozenset({"builtins", "typing", "abc"})
+
+
 def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: dict[Callable[..., Any], str],
                     make_wrapper: Callable[[Callable[..., Any], str], Callable[..., Any]],
                     namespaces: Sequence[Any] | None = None) -> None:
@@ -285,7 +289,9 @@ def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: d
     # a function read from torch's namespace while another thread's patch holds it is that patch's router
     functions = {_Routes.originals.get(id(function), function): name for function, name in functions.items()}
     torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F] if namespaces is None else list(namespaces)
-    recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules]
+    # the modules of the recipe's classes but Python's and ours (`object`, `Generic`, `tp.Recipe`), which call none
+    recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules
+                         and c.__module__ not in _NOT_THE_RECIPES and not c.__module__.startswith("trainparity.")]
     found: list[tuple[Any, str, Callable[..., Any]]] = []
     for namespace in torch_namespaces:
         found += [(namespace, attribute, original) for original in functions
