@@ -289,9 +289,10 @@ def patch_functions(stack: contextlib.ExitStack, recipe_type: type, functions: d
     # a function read from torch's namespace while another thread's patch holds it is that patch's router
     functions = {_Routes.originals.get(id(function), function): name for function, name in functions.items()}
     torch_namespaces: list[Any] = [torch.nn.utils, clip_grad, F] if namespaces is None else list(namespaces)
-    # the modules of the recipe's classes but Python's and ours (`object`, `Generic`, `tp.Recipe`), which call none
+    # the modules of the recipe's classes but Python's and our private ones (`object`, `Generic`, `tp.Recipe`): those
+    # call none of the recipe's functions (a quickstart's recipe, in trainparity.quickstarts, is looked through)
     recipe_namespaces = [sys.modules[c.__module__] for c in recipe_type.__mro__ if c.__module__ in sys.modules
-                         and c.__module__ not in _NOT_THE_RECIPES and not c.__module__.startswith("trainparity.")]
+                         and c.__module__ not in _NOT_THE_RECIPES and not c.__module__.startswith("trainparity._")]
     found: list[tuple[Any, str, Callable[..., Any]]] = []
     for namespace in torch_namespaces:
         found += [(namespace, attribute, original) for original in functions
