@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from trainparity._parallel._differences import compared, scaled, violation
 from trainparity._parallel._megatron import HOW_TO_MARK, assembled
 from trainparity._parallel._mesh import Mesh, dimension_of, is_data_dim, named, peer_groups
 from trainparity._parallel._shards import peer_violations, reads_whole_batch, shard_violations
+from trainparity._parallel._stages import stage_differences, stages_of
 from trainparity._parallel._tensor_parallel import (
     RATIO_TOLERANCE,
     TP_PARTIAL,
@@ -32,13 +34,8 @@ from trainparity._state._compare import (
     Comparison,
     ExactComparison,
     Leaf,
-    Mismatch,
-    Snapshot,
     ToleranceComparison,
     compare_leaves,
-    compare_snapshots,
-    ignored,
-    ignoring,
 )
 from trainparity._state._digest import Digest
 
@@ -52,10 +49,10 @@ ROUNDING = {
 
 
 #: why a check of ranks that do not hold the reference's model judges nothing
-NOT_REPLICAS = ("The check compares every rank's whole model (a DTensor's shards gathered) with the one-process "
-                "reference's, so ranks that hold parts of it, as pipeline stages (torch.distributed.pipelining) or "
-                "slices of plain tensors it cannot place, cannot be judged: pipeline parallelism is not supported "
-                "yet, and a tensor-parallel slice must be a DTensor or carry Megatron-LM's marks.")
+NOT_REPLICAS = ("The check compares every rank's whole model (a DTensor's shards gathered, or a pipeline stage's "
+                "parameters by their names in the whole model) with the one-process reference's, so ranks that "
+                "hold slices of plain tensors it cannot place cannot be judged: a tensor-parallel slice must be a "
+                "DTensor or carry Megatron-LM's marks.")
 
 
 def _shapes(parameters: dict[str, Leaf]) -> dict[str, tuple[int, ...] | None]:
@@ -87,11 +84,14 @@ def judge_parallel(
     reference: RankTrace, ranks: Sequence[RankTrace], comparison: Comparison, config: dict[str, Any]
 ) -> ParallelResult:
     ranks, unplaced = assembled(reference, ranks)
-    difference = unplaced or layout_difference(reference, ranks)
+    stages = None if unplaced else stages_of(reference, ranks)
+    difference = unplaced or (stages if isinstance(stages, str) else
+                              None if stages is not None else layout_difference(reference, ranks))
     if difference is not None:
         return ParallelResult(Outcome.ABSTAIN, config=config, reason=difference)
+    assert not isinstance(stages, str)
     meshes = [rank.mesh for rank in ranks]
-    groups = peer_groups(meshes)
+    groups = stages.pipelines if stages is not None else peer_groups(meshes)
     # SyncBatchNorm normalizes over the whole batch across ranks: only the others depend on the shard.
     judging = _Judging(comparison, reference.layers, meshes, groups, ranks[0].parallelism if ranks else [],
                        sorted({module for trace in (reference, *ranks) for module in trace.batch_dependent
@@ -109,7 +109,8 @@ def judge_parallel(
         # A tensor-parallel group computes one model on the same batch: partial sums over its ranks are telling.
         group = expected.sample_ids is not None and len(shards) == len(observed) and reads_whole_batch(
             expected.sample_ids, shards)
-        found += _state_differences(expected, observed, group, judging)
+        found += stage_differences(expected, observed, stages, comparison) if stages is not None else \
+            _state_differences(expected, observed, group, judging)
     violations = [violation for violation, _, _ in found]
     notes: list[str] = []
     if not data_checked:
@@ -164,7 +165,7 @@ def _state_differences(expected: RankStep, observed: list[RankStep], group: bool
                 reason, preface = _unsynchronized(m.path, rank, expected, observed, judging.layers, partial,
                                                   group, meshes, judging.uses)
             step_cause = step_cause or reason
-            found.append((_violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
+            found.append((violation("gradient_mismatch", "gradients", m, step, rank, reason, preface),
                           first.gradients.get(m.path), other.gradients.get(m.path)))
     for m in compared(expected.gradients, first.gradients, "gradients", comparison):
         e, a = expected.gradients.get(m.path), first.gradients.get(m.path)
@@ -175,16 +176,16 @@ def _state_differences(expected: RankStep, observed: list[RankStep], group: bool
             cause, preface = _reference_gradient_cause(e, a, len(observed), judging.batch_dependent, step_cause,
                                                        meshes[0])
         step_cause = cause
-        found.append((_violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
+        found.append((violation("gradient_mismatch", "gradients", m, step, 0, cause, preface), e, a))
     for rank, other in enumerate(observed[1:], start=1):
         for m in compared(first.parameters, other.parameters, "parameters", comparison):
-            found.append((_violation("replica_mismatch", "replicas", m, step, rank,
+            found.append((violation("replica_mismatch", "replicas", m, step, rank,
                                      step_cause if step_cause in (TP_PARTIAL, CLIP_LOCAL) else "grads_not_synchronized",
                                      f"{named(rank, meshes).capitalize()}'s parameters after the step differ "
                                      f"from {named(0, meshes)}'s: the replicas drifted apart."),
                           first.parameters.get(m.path), other.parameters.get(m.path)))
     for m in compared(expected.parameters, first.parameters, "parameters", comparison):
-        found.append((_violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
+        found.append((violation("parameter_mismatch", "parameters", m, step, 0, step_cause,
                                  "Rank 0's parameters after the step differ from the reference's."),
                       expected.parameters.get(m.path), first.parameters.get(m.path)))
     if found and partial is not None:
@@ -224,9 +225,9 @@ def _reference_gradient_cause(expected: Leaf, actual: Leaf, world_size: int, bat
     """Why rank 0's gradient differs from the reference's: the step's cause where one is known, else a gradient
     scaled by the size of the world or of a mesh dimension (`_scaled_by`), else a layer that normalizes by its
     shard's statistics."""
-    scaled = None if step_cause is not None else _scaled_by(expected, actual, world_size, mesh)
-    if scaled is not None:
-        return "loss_not_averaged", scaled
+    times = None if step_cause is not None else _scaled_by(expected, actual, world_size, mesh)
+    if times is not None:
+        return "loss_not_averaged", times
     if step_cause is None and batch_dependent:
         return "batch_dependent_layer", (
             f"Rank 0's gradients at its optimizer step differ from the reference's: {', '.join(batch_dependent)} "
@@ -244,11 +245,11 @@ def _scaled_by(expected: Leaf, actual: Leaf, world_size: int, mesh: Mesh | None)
                                      if 1 < size < world_size]
     for name, size in [("", world_size), *dims]:
         group = f"world_size ({size})" if not name else f"the size of the mesh dimension {name} ({size})"
-        if _scaled(expected, actual, size):
+        if scaled(expected, actual, size):
             where = f"over {name}" if name else "across ranks"
             return (f"Rank 0's gradients are {group} times the reference's: the loss (or the gradients) was summed "
                     f"{where} where the full batch takes a mean.")
-        if _scaled(actual, expected, size):
+        if scaled(actual, expected, size):
             over = f"the ranks of {name}" if name else "every rank"
             return (f"Rank 0's gradients are 1/{size} of the reference's, one over {group}: the loss was averaged "
                     f"over {over} once too often (divided by their number while the gradient reduction averages "
@@ -256,36 +257,10 @@ def _scaled_by(expected: Leaf, actual: Leaf, world_size: int, mesh: Mesh | None)
     return None
 
 
-def compared(expected: Snapshot, actual: Snapshot, root: str, comparison: Comparison) -> Iterator[Mismatch]:
-    """`compare_snapshots` of snapshots keyed by name under `root` (`gradients`, `parameters`), passing over the
-    paths (`<root>.<name>`) the comparison ignores."""
-    for mismatch in compare_snapshots(expected, actual, ignoring(comparison, ())):
-        if not ignored(f"{root}.{mismatch.path}", comparison.ignore):
-            yield mismatch
 
 
-def _violation(
-    kind: str, root: str, mismatch: Mismatch, step: int, rank: int, cause: str | None, preface: str
-) -> Violation:
-    return Violation(
-        kind=kind,
-        path=f"{root}.{mismatch.path}",
-        message=f"{preface}\n{mismatch.message}",
-        step=step,
-        expected=mismatch.expected,
-        actual=mismatch.actual,
-        cause=cause,
-        rank=rank,
-    )
 
 
-def _scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
-    """Whether `actual` is `world_size` times a nonzero `expected`."""
-    if not isinstance(expected, torch.Tensor) or not isinstance(actual, torch.Tensor):
-        return False
-    if not expected.is_floating_point() or expected.shape != actual.shape or not bool(expected.any()):
-        return False
-    return compare_leaves(expected * world_size, actual, RATIO_TOLERANCE) is None
 
 
 def _unsynchronized(
@@ -361,7 +336,7 @@ def _partial_violation(step: int, partial: PartialOutput, meshes: Sequence[Mesh 
         told = (f"{expected.module} returned other values on {who} than in the reference{sampled}, and the "
                 "ranks' outputs sum to the reference's: its output on each rank is a partial sum that was never "
                 "all-reduced")
-    return _violation(
+    return violation(
         "output_mismatch", "outputs", partial.mismatch, step, partial.rank, TP_PARTIAL,
         f"{told} (a row-parallel layer without the all-reduce of its output, such as RowwiseParallel(output_layouts="
         "Partial()) or a missing dist.all_reduce?).")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -32,7 +33,7 @@ from trainparity._recipe._recipe import Recipe, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
 from trainparity._results._violation import ChildError
 from trainparity._state._compare import Snapshot
-from trainparity._state._entries import state_objects
+from trainparity._state._entries import module_prefixes, state_objects
 from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import to_leaf
@@ -109,19 +110,20 @@ def train_rank(payload: RankPayload) -> tuple[RankTrace, tuple[object, ...]]:
     batch_dependent_modules = BatchDependentModules(state)
     float64_only = [Float64Only(state)] if payload.precision == "float64" else []
     with Observer(state, type(recipe), [batch_dependent_modules, *float64_only]) as observer, \
-            OutputRecorder(observer.modules) as outputs, GradientReductions(observer, type(recipe)) as reductions:
-        steps = list(record_steps(recipe, observer, outputs, reductions, payload))
+            OutputRecorder(observer.modules) as outputs, GradientReductions(observer, type(recipe)) as reductions, \
+            MicroBatches(type(recipe)) as microbatches:
+        steps = list(record_steps(recipe, observer, outputs, reductions, microbatches, payload))
         batch_dependent = sorted(batch_dependent_modules.ran)
         optimizers = len(observer.optimizers)
         layers = owning_layers(observer)
         mesh = find_mesh(observer.modules)
         uses = parallelism(dict(state_objects(state, nn.Module)), mesh)
         slices = marked_slices(observer.parameters())
-    return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses, slices), (recipe, state)
+    return RankTrace(steps, optimizers, batch_dependent, layers, mesh, uses, slices, aliases(observer)), (recipe, state)
 
 
 def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder, reductions: GradientReductions,
-                 payload: RankPayload) -> Iterator[RankStep]:
+                 microbatches: MicroBatches, payload: RankPayload) -> Iterator[RankStep]:
     """Train `steps` steps; per step the sample IDs, the gradients at the optimizer step, the parameters after,
     the module outputs."""
     name = type(recipe).__name__
@@ -139,7 +141,7 @@ def record_steps(recipe: Recipe, observer: Observer, outputs: OutputRecorder, re
             for event in events:
                 gradients.update(event.grads)
         yield RankStep(step, ids, gradients, {n: to_leaf(p) for n, p in observer.parameters()}, outputs.take(),
-                       call.clips, reductions.take())
+                       call.clips, reductions.take(), microbatches.take())
 
 
 def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, nn.Module]]:
@@ -148,6 +150,17 @@ def named_layers(modules: Mapping[str, nn.Module]) -> Iterator[tuple[str, str, n
         for sub_name, sub in module.named_modules():
             path = f"{entry}.{sub_name}" if sub_name else entry
             yield path, f"{path} ({type(sub).__name__})", sub
+
+
+def aliases(observer: Observer) -> dict[str, str]:
+    """The other names of the State's parameters (a weight tied to another's) -> the name each is recorded under."""
+    found: dict[str, str] = {}
+    for _, prefix, module in module_prefixes(observer.state):
+        for local, parameter in module.named_parameters(remove_duplicate=False):
+            name = observer.names.get(id(parameter))
+            if name is not None and prefix + local != name:
+                found[prefix + local] = name
+    return found
 
 
 def owning_layers(observer: Observer) -> dict[str, str]:
@@ -248,6 +261,40 @@ class GradientReductions(HookSet):
     def take(self) -> list[Reduction]:
         reductions, self.reductions = self.reductions, []
         return reductions
+
+
+class MicroBatches(HookSet):
+    """How many micro-batches the rank's pipeline stages (torch.distributed.pipelining) ran forward in a step: the
+    calls of a stage's `forward_one_chunk`, which every schedule makes once per micro-batch (a stage's module runs
+    once more in its first step, to infer the shapes it sends, so its forwards do not count them). Nothing is
+    patched unless the recipe imported the pipelining stages."""
+
+    def __init__(self, recipe_type: type) -> None:
+        super().__init__()
+        self.recipe_type = recipe_type
+        #: id(stage) -> its forward calls since the last `take`
+        self.calls: Counter[int] = Counter()
+
+    def _install(self) -> None:
+        module = sys.modules.get("torch.distributed.pipelining.stage")
+        base = getattr(module, "_PipelineStageBase", None)
+        if base is not None and callable(getattr(base, "forward_one_chunk", None)):
+            patch_functions(self._stack, self.recipe_type, {base.forward_one_chunk: "forward_one_chunk"},
+                            self._wrapper, namespaces=[base])
+
+    def _wrapper(self, original: Callable[..., Any], function: str) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def counted(stage: object, *args: Any, **kwargs: Any) -> Any:
+            self.calls[id(stage)] += 1
+            return original(stage, *args, **kwargs)
+
+        return counted
+
+    def take(self) -> int:
+        """The most micro-batches one stage ran since the last call (0 without pipelining)."""
+        most = max(self.calls.values(), default=0)
+        self.calls.clear()
+        return most
 
 
 def _storage(parameter: torch.Tensor) -> int | None:

@@ -51,6 +51,8 @@ class RankStep:
     clips: list[Clip] = dataclasses.field(default_factory=list)
     #: the recipe's own all-reduces of gradients in the step
     reductions: list[Reduction] = dataclasses.field(default_factory=list)
+    #: the most micro-batches one of the rank's pipeline stages ran forward in the step (0 without pipelining)
+    forwards: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +73,9 @@ class RankTrace:
     #: parameter name -> the dimension a plain tensor marked as Megatron's tensor-parallel slice is split along
     #: (-1: interleaved, `partition_stride` > 1)
     slices: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: another name of a parameter -> the name it is recorded under (a weight tied to another: `head.weight` ->
+    #: `embed.weight`)
+    aliases: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
