@@ -107,7 +107,7 @@ class Reports(expecttest.TestCase):
     def test_loss_not_scaled(self) -> None:
         self.assertExpectedInline(self.first_violation("not_scaled"), """\
 trainparity parallel check: FAIL at gradients.embed.weight (loss_not_scaled, step 1, rank 0)
-config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_recipes:Pipeline('interleaved', 3, 'not_scaled')", seed=0, steps=2, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('interleaved', 3, 'not_scaled')", seed=0, steps=2, world_size=2
 
 First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch, cause: loss_not_scaled)
   The gradients of rank 0's pipeline stage are 3 times the reference's, the number of micro-batches it ran: each micro-batch's loss is a mean over the micro-batch and their gradients were summed without dividing by their number (a schedule built with scale_grads=False, and a loss_fn not divided by n_microbatches).
@@ -123,7 +123,7 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
     def test_loss_scaled_twice(self) -> None:
         self.assertExpectedInline(self.first_violation("scaled_twice"), """\
 trainparity parallel check: FAIL at gradients.embed.weight (loss_scaled_twice, step 1, rank 0)
-config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_recipes:Pipeline('1f1b', 4, 'scaled_twice')", seed=0, steps=2, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('1f1b', 4, 'scaled_twice')", seed=0, steps=2, world_size=2
 
 First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch, cause: loss_scaled_twice)
   The gradients of rank 0's pipeline stage are 1/4 of the reference's, one over the number of micro-batches it ran: the loss was divided by n_microbatches while the schedule scales the gradients by it too (scale_grads=True, the default).
@@ -139,7 +139,7 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
     def test_tied_weights_not_synchronized(self) -> None:
         self.assertExpectedInline(self.first_violation("tied_unsynced"), """\
 trainparity parallel check: FAIL at gradients.embed.weight (tied_weights_not_synchronized, step 1, rank 1)
-config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_recipes:Pipeline('gpipe', 2, 'tied_unsynced', tied=True)", seed=0, steps=2, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('gpipe', 2, 'tied_unsynced', tied=True)", seed=0, steps=2, world_size=2
 
 First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch, cause: tied_weights_not_synchronized)
   The copies of embed.weight on rank 0's pipeline stage and rank 1's (a weight tied across stages, head.weight there) hold another gradient, and together they sum to the reference's gradient: each stage's copy holds only the part of the gradient from its own use of the weight. All-reduce the tied weight's gradient between the stages that hold it before the optimizer step (as Megatron-LM's embedding group does), so that every copy steps with the whole gradient.
@@ -155,7 +155,7 @@ First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch
     def test_a_stage_without_gradient(self) -> None:
         self.assertExpectedInline(self.first_violation("detached"), """\
 trainparity parallel check: FAIL at gradients.embed.weight (param_without_grad, step 1, rank 0)
-config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_recipes:Pipeline('gpipe', 2, 'detached')", seed=0, steps=2, world_size=2
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('gpipe', 2, 'detached')", seed=0, steps=2, world_size=2
 
 First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch, cause: param_without_grad)
   The parameters of rank 0's pipeline stage got a zero gradient at its optimizer step, where the reference's is nonzero: backward never reached this stage (its output, or the next stage's input, detached or computed under torch.no_grad()?).

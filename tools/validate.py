@@ -51,6 +51,7 @@ import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
 import packing  # noqa: E402
 import stateful_loader  # noqa: E402
+import pipeline_mlp  # noqa: E402
 import tp_mlp  # noqa: E402
 import transformations  # noqa: E402
 
@@ -156,6 +157,12 @@ def sharded(fault: str | None = None) -> Callable[[], tp.Result]:
 def tensor_parallel(fault: str | None = None) -> Callable[[], tp.Result]:
     """The tensor-parallel MLP on 2 ranks against one process."""
     return lambda: tp.check_parallel(tp_mlp.TensorParallelMLP(fault), world_size=2, steps=2, timeout=120.0)
+
+
+def pipeline(schedule: str, fault: str | None = None, **options: Any) -> Callable[[], tp.Result]:
+    """The pipeline-parallel MLP on 2 stages (4 ranks with dp=2) against the whole model in one process."""
+    recipe = pipeline_mlp.Pipeline(schedule, fault=fault, **options)
+    return lambda: tp.check_parallel(recipe, world_size=2 * recipe.dp, steps=2, timeout=120.0)
 
 
 #: what examples/finetune.py freezes after its warm-up, and keeps in eval mode (mmcv's norm_eval)
@@ -331,6 +338,22 @@ CASES = [
          tensor_parallel("missing_grad_reduction"), Expect("gradients.embed.weight", "tp_partial_not_reduced")),
     Case("parallel", "tp_mlp", "rank_seeded_shuffle", "each rank shuffles with its own seed: other batches",
          tensor_parallel("rank_seeded_shuffle"), Expect("data.sample_ids", "rank_shard_overlap")),
+    Case("parallel", "pipeline_mlp", "clean", "1F1B on 2 stages, 4 micro-batches, a weight tied across stages",
+         pipeline("1f1b", microbatches=4, tied=True)),
+    Case("parallel", "pipeline_mlp", "clean (dp x pp)", "2 pipelines of 2 stages (interleaved: 4 stages) on 4 ranks",
+         pipeline("interleaved", microbatches=3, dp=2)),
+    Case("parallel", "pipeline_mlp", "not_scaled", "scale_grads=False with a per-micro-batch mean: gradients summed",
+         pipeline("interleaved", "not_scaled", microbatches=3), Expect("gradients.embed.weight", "loss_not_scaled")),
+    Case("parallel", "pipeline_mlp", "scaled_twice", "the loss divided by n_microbatches, the schedule scaling too",
+         pipeline("1f1b", "scaled_twice", microbatches=4), Expect("gradients.embed.weight", "loss_scaled_twice")),
+    Case("parallel", "pipeline_mlp", "tied_unsynced", "the tied weight's copies on two stages never all-reduced",
+         pipeline("gpipe", "tied_unsynced", microbatches=2, tied=True),
+         Expect("gradients.embed.weight", "tied_weights_not_synchronized")),
+    Case("parallel", "pipeline_mlp", "detached", "the last stage detaches its input: stage 0 gets no gradient",
+         pipeline("gpipe", "detached", microbatches=2), Expect("gradients.embed.weight", "param_without_grad")),
+    Case("parallel", "pipeline_mlp", "global_rank_sampler", "dp replicas shard by the global rank: stages disagree",
+         pipeline("1f1b", "global_rank_sampler", microbatches=3, dp=2),
+         Expect("data.sample_ids", "peers_read_different_samples")),
     # -- frozen: what fine-tuning freezes stays put ------------------------------------------------------
     Case("frozen", "finetune", "clean", "stem and first stage frozen after a warm-up, their BatchNorms in eval",
          frozen()),

@@ -1,0 +1,191 @@
+"""A regression MLP trained with pipeline parallelism (torch.distributed.pipelining), written the torchtitan way:
+every rank builds the whole model and deletes the layers it does not own, so each parameter keeps its fully
+qualified name in the whole model (`layers.2.weight` on the second of two stages), and in a world of one rank the
+recipe trains the whole model without a schedule (torchtitan with pipelining off): the reference
+`tp.check_parallel` compares the stages with, parameter by parameter.
+
+`Pipeline(schedule=..., microbatches=..., fault=..., tied=..., dp=...)`: an input layer, four hidden layers and a
+head in as many stages as the world has pipeline ranks (twice as many under the interleaved schedule, each rank
+holding two in loop order), the loss a mean over each micro-batch, the schedule scaling the gradients by the
+number of micro-batches (`scale_grads=True`, its default). `tied=True` ties the head's weight to the input
+layer's (as a language model ties its embedding and output projection): the first and last stage each hold a copy
+and all-reduce its gradient, as Megatron-LM's embedding group does. `dp` replicas of the pipeline (a
+`("dp", "pp")` mesh) read other shards of the batch and all-reduce their gradients over `dp`.
+
+`FAULTS` are deliberate bugs; `examples/test_pipeline_mlp.py`, `test/test_pipeline.py` and `tools/validate.py`
+check that each is caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import trainparity as tp
+
+LAYERS, WIDTH, BATCH = 4, 6, 12
+
+FAULTS = (
+    # the schedule built with scale_grads=False while each micro-batch's loss is a mean: gradients summed
+    "not_scaled",
+    # the loss divided by n_microbatches while the schedule scales the gradients too
+    "scaled_twice",
+    # the tied weight's copies on the first and last stage never all-reduced
+    "tied_unsynced",
+    # the last stage detaches its input: backward never reaches the stages before it
+    "detached",
+    # the dp replicas shard the batch by the global rank instead of their dp rank: a pipeline's stages read
+    # other samples
+    "global_rank_sampler",
+    # the State holds the stage's own module, its layers numbered from 0 on every stage: not the whole model's
+    # names (the check abstains and says how to lay stages out)
+    "stage_names",
+)
+
+
+class Net(nn.Module):
+    """The whole model; `keep(stages, of)` deletes what the stages a rank does not hold own."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed: nn.Linear | None = nn.Linear(WIDTH, WIDTH)
+        self.layers = nn.ModuleDict({str(index): nn.Linear(WIDTH, WIDTH) for index in range(LAYERS)})
+        self.head: nn.Linear | None = nn.Linear(WIDTH, WIDTH, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def keep(self, stages: list[int], of: int) -> None:
+        if 0 not in stages:
+            self.embed = None
+        if of - 1 not in stages:
+            self.head = None
+        owned = {index for stage in stages for index in _layers_of(stage, of)}
+        for index in range(LAYERS):
+            if index not in owned:
+                del self.layers[str(index)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Chunk(self, 0, 1)(x)
+
+
+def _layers_of(stage: int, of: int) -> range:
+    per_stage = LAYERS // of
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
+class Chunk(nn.Module):
+    """One stage's computation over the layers it owns (registered here too, so that the schedule scales the
+    gradients of this stage's parameters only)."""
+
+    def __init__(self, net: Net, stage: int, of: int, detach_input: bool = False) -> None:
+        super().__init__()
+        self.embed = net.embed if stage == 0 else None
+        self.layers = nn.ModuleList([net.layers[str(index)] for index in _layers_of(stage, of)])
+        self.head = net.head if stage == of - 1 else None
+        self.detach_input = detach_input
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.detach_input:
+            x = x.detach()
+        if self.embed is not None:
+            x = self.embed(x)
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return self.head(x) if self.head is not None else x
+
+
+def mean_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((output - target) ** 2).mean()
+
+
+class Pipeline(tp.Recipe):
+    def __init__(self, schedule: str = "gpipe", microbatches: int = 2, fault: str | None = None,
+                 tied: bool = False, dp: int = 1) -> None:
+        self.schedule_name, self.microbatches, self.fault, self.tied, self.dp = schedule, microbatches, fault, tied, dp
+
+    def setup(self) -> tp.State:
+        world = dist.get_world_size()
+        torch.manual_seed(0)  # the same whole model on every rank, as one process builds it
+        net = Net(self.tied)
+        optimizer = lambda: torch.optim.SGD(net.parameters(), lr=0.1)  # noqa: E731  (after the stages are cut)
+        self.schedule: Any = None
+        self.dp_rank, self.dp_size, self.tied_group = 0, 1, None
+        if world == 1:
+            return tp.State(model=net, optimizer=optimizer())
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        dp = self.dp if world % self.dp == 0 and world > self.dp else 1
+        mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("dp", "pp"))
+        pp_rank, pp_size = mesh["pp"].get_local_rank(), mesh["pp"].size()
+        self.dp_rank, self.dp_size, self.dp_group = mesh["dp"].get_local_rank(), dp, mesh["dp"].get_group()
+        virtual = 2 if self.schedule_name == "interleaved" else 1
+        of = pp_size * virtual
+        stages = [pp_rank + pp_size * v for v in range(virtual)]  # the interleaved schedule's loop order
+        net.keep(stages, of)
+        group = mesh["pp"].get_group()
+        self.pipeline_stages = [
+            PipelineStage(Chunk(net, stage, of, detach_input=self.fault == "detached" and stage == of - 1), stage, of,
+                          torch.device("cpu"), group=group) for stage in stages]
+        loss_fn = mean_squared_error
+        if self.fault == "scaled_twice":
+            def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+                return mean_squared_error(output, target) / self.microbatches
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[
+            self.schedule_name]
+        stage_arg: Any = self.pipeline_stages if virtual > 1 else self.pipeline_stages[0]
+        self.schedule = kind(stage_arg, n_microbatches=self.microbatches, loss_fn=loss_fn,
+                             scale_grads=self.fault != "not_scaled")
+        self.first, self.last = pp_rank == 0, pp_rank == pp_size - 1
+        if self.fault == "stage_names":
+            return tp.State(model=self.pipeline_stages[0].submod, optimizer=optimizer())
+        if self.tied:  # every rank makes every group, in the same order
+            ends = [dist.new_group([int(row[0]), int(row[-1])]) for row in mesh.mesh]
+            self.tied_group = ends[self.dp_rank]
+        return tp.State(model=net, optimizer=optimizer())
+
+    def batches(self, state: tp.State) -> Iterator[Any]:
+        generator = torch.Generator().manual_seed(1)
+        shard = self.dp_size if self.fault != "global_rank_sampler" else dist.get_world_size()
+        index = self.dp_rank if self.fault != "global_rank_sampler" else dist.get_rank()
+        for step in range(100):
+            ids = torch.arange(step * BATCH, (step + 1) * BATCH)
+            x, y = torch.randn(BATCH, WIDTH, generator=generator), torch.randn(BATCH, WIDTH, generator=generator)
+            rows = slice(index * BATCH // shard, (index + 1) * BATCH // shard)
+            yield ids[rows], x[rows], y[rows]
+
+    def sample_ids(self, batch: Any) -> torch.Tensor:
+        ids: torch.Tensor = batch[0]
+        return ids
+
+    def step(self, state: tp.State, batch: Any) -> float | None:
+        _, x, y = batch
+        state.optimizer.zero_grad()
+        if self.schedule is None:
+            loss = mean_squared_error(state.model(x), y)
+            loss.backward()
+            state.optimizer.step()
+            return float(loss.detach())
+        losses: list[torch.Tensor] = []
+        if self.first:
+            self.schedule.step(x, target=y if self.last else None, losses=losses if self.last else None)
+        else:
+            self.schedule.step(target=y if self.last else None, losses=losses if self.last else None)
+        self._synchronize(state.model)
+        state.optimizer.step()
+        return float(torch.stack(losses).detach().mean()) if losses else None
+
+    def _synchronize(self, net: Net) -> None:
+        if self.tied_group is not None and self.fault != "tied_unsynced":
+            tied = net.embed if net.embed is not None else net.head
+            assert tied is not None and tied.weight.grad is not None
+            dist.all_reduce(tied.weight.grad, group=self.tied_group)
+        if self.dp_size > 1:
+            for parameter in net.parameters():
+                assert parameter.grad is not None
+                dist.all_reduce(parameter.grad, group=self.dp_group)
+                parameter.grad /= self.dp_size
