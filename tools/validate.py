@@ -50,8 +50,8 @@ import cnn  # noqa: E402
 import finetune  # noqa: E402
 import fsdp_gpt  # noqa: E402
 import packing  # noqa: E402
-import stateful_loader  # noqa: E402
 import pipeline_mlp  # noqa: E402
+import stateful_loader  # noqa: E402
 import tp_mlp  # noqa: E402
 import transformations  # noqa: E402
 

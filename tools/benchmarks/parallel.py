@@ -10,18 +10,27 @@ check's processes, spawned as this process's children (`isolation="spawn"`) in a
 
 `--gloo` adds round 3's figures: a 2-rank FSDP2 check on gloo processes, and a resume check of the FSDP2 + DCP
 tiny GPT of examples/fsdp_gpt.py from 2 ranks to 1.
+
+Then the pipelines of examples/pipeline_mlp.py on gloo processes (the threaded group has no send/recv):
+2 stages under 1F1B (4 micro-batches, a tied weight), and 8 ranks as 4 pipelines of 2 stages (dp x pp), 3 steps
+each, against the same runs as plain training in the same run: the ranks and the reference (the whole model in a
+world of one), each a process forked from this warm interpreter, started together, joining gloo through a file
+store. Target: each check within 2x its plain runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
-from benchmarks._timing import ROOT, in_fresh_interpreter, machine, seconds
+from benchmarks._timing import ROOT, in_fresh_interpreter, machine, seconds, seed_like_the_checks, train
 
 TARGET = 2.0
 MEMORY_TARGET_GB = 4.0
@@ -102,6 +111,7 @@ def run(args: argparse.Namespace) -> None:
           f"{MEMORY_TARGET_GB:g} GB) {'ok' if peak <= MEMORY_TARGET_GB else 'OVER'}")
     if args.gloo:
         _gloo_figures()
+    failed |= _pipeline_figures()
     if failed:
         raise SystemExit(1)
 
@@ -125,3 +135,60 @@ def _gloo_figures() -> None:
             elapsed = seconds(lambda: results.append(check()))  # noqa: B023 - called at once
             assert results[0].passed, results[0].report()
             print(f"{name} ({which}): {elapsed:.2f} s")
+
+
+def _pipeline_figures() -> bool:
+    """Print each pipeline check's time against its plain runs; whether one is over the target."""
+    from pipeline_mlp import Pipeline
+
+    import trainparity as tp
+
+    worlds = [("2 stages, 1F1B, 4 micro-batches, tied weight", 2, lambda: Pipeline("1f1b", 4, tied=True)),
+              ("8 ranks: 4 pipelines x 2 stages, 1F1B, 3 micro-batches", 8, lambda: Pipeline("1f1b", 3, dp=4))]
+    tp.check_parallel(worlds[0][2](), world_size=2, steps=1)  # starts the fork server
+    failed = False
+    for name, world, make in worlds:
+        plain = _plain_gloo(make, world)
+        results: list[tp.Result] = []
+        checked = seconds(lambda: results.append(tp.check_parallel(make(), world_size=world, steps=STEPS,  # noqa: B023
+                                                                   timeout=600)))
+        assert results[0].passed, results[0].report()
+        ratio = checked / plain
+        failed |= ratio > TARGET
+        print(f"pipeline, {name} (gloo): check {checked:.2f} s, plain runs {plain:.2f} s: {ratio:.2f}x "
+              f"(target <= {TARGET:g}x) {'ok' if ratio <= TARGET else 'OVER'}")
+    return failed
+
+
+def _plain_gloo(make: Callable[[], Any], world: int) -> float:
+    """The wall time of the parallel check's runs as plain training in float64 (its precision): `world` gloo ranks and
+    the reference (a world of one rank), each a process forked from this interpreter, all started together."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.device_mesh
+    import torch.distributed.pipelining  # noqa: F401  (imported once here, as the check's fork server has them)
+
+    with tempfile.TemporaryDirectory() as directory:
+        start = time.perf_counter()
+        children = []
+        for size, rank in [*((world, rank) for rank in range(world)), (1, 0)]:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    torch.set_num_threads(1)
+                    torch.set_default_dtype(torch.float64)
+                    dist.init_process_group("gloo", init_method=f"file://{directory}/store.{size}", rank=rank,
+                                            world_size=size)
+                    recipe = make()
+                    seed_like_the_checks(0)
+                    train(recipe, recipe.setup(), STEPS)
+                    dist.destroy_process_group()
+                    code = 0
+                finally:
+                    os._exit(code)
+            children.append(pid)
+        statuses = [os.waitpid(pid, 0)[1] for pid in children]
+        elapsed = time.perf_counter() - start
+    assert statuses == [0] * len(children), f"a plain run failed: wait statuses {statuses}"
+    return elapsed
