@@ -27,7 +27,7 @@ from torch import nn
 
 import trainparity as tp
 
-LAYERS, WIDTH, BATCH = 4, 6, 12
+LAYERS, WIDTH, BATCH = 4, 6, 96
 
 FAULTS = (
     # the schedule built with scale_grads=False while each micro-batch's loss is a mean: gradients summed

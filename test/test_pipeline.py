@@ -71,6 +71,31 @@ def test_pipeline_bugs_are_named_at_their_stage_and_step(fault: str) -> None:
         result.report()
 
 
+@pytest.mark.parametrize("fault", ["not_scaled", "tied_unsynced"])
+def test_pipelines_on_threads_are_judged_as_on_gloo(fault: str) -> None:
+    """The threads backend's point-to-point messages (torch's threaded group has none) carry a pipeline's activations
+    and gradients as gloo does: the same violations, with the same values."""
+    recipe, world_size, *_ = FAULTS[fault]
+    runnable(recipe.schedule_name, recipe.fault)
+    on = {backend: tp.check_parallel(recipe, world_size=world_size, backend=backend, steps=2, timeout=60)
+          for backend in ("gloo", "threads")}
+    assert on["gloo"].outcome is tp.Outcome.FAIL, on["gloo"].report()
+    assert [(v.path, v.step, v.rank, v.cause, v.expected, v.actual) for v in on["threads"].violations] == \
+        [(v.path, v.step, v.rank, v.cause, v.expected, v.actual) for v in on["gloo"].violations]
+
+
+def test_a_dp_x_pp_world_of_64_ranks_as_threads_trains_like_one_process() -> None:
+    """16 pipelines of 4 stages, one layer each, under 1F1B; and at 32 ranks, a sampler sharded by the global rank
+    is named at the first stage whose samples differ from its pipeline's first."""
+    result = tp.check_parallel(Pipeline("1f1b", 6, dp=16), world_size=64, backend="threads", steps=2, timeout=300)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    result = tp.check_parallel(Pipeline("gpipe", 3, "global_rank_sampler", dp=8), world_size=32, backend="threads",
+                               steps=1, timeout=300)
+    first = result.first_violation
+    assert first is not None and (first.path, first.rank, first.cause) == (
+        "data.sample_ids", 1, "peers_read_different_samples"), result.report()
+
+
 def test_stages_that_do_not_hold_a_scaled_gradient_are_not_blamed_for_it() -> None:
     """Every stage of a pipeline without scaling holds n_microbatches times the reference's gradients: each is named
     with the same cause, the later stage's parameters included."""
@@ -114,10 +139,10 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   Tensor-likes are not close!
 
   Mismatched elements: 36 / 36 (100.0%)
-  Greatest absolute difference: 0.0497378 at index (5, 3) (up to 1e-09 allowed)
+  Greatest absolute difference: 0.00967723 at index (2, 3) (up to 1e-09 allowed)
   Greatest relative difference: 2.0 at index (0, 0) (up to 1e-07 allowed)
-  expected: -0.0248689
-  actual:   -0.0746067
+  expected: -0.00483861
+  actual:   -0.0145158
 """)
 
     def test_loss_scaled_twice(self) -> None:
@@ -130,10 +155,10 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   Tensor-likes are not close!
 
   Mismatched elements: 36 / 36 (100.0%)
-  Greatest absolute difference: 0.0186517 at index (5, 3) (up to 1e-09 allowed)
+  Greatest absolute difference: 0.00362896 at index (2, 3) (up to 1e-09 allowed)
   Greatest relative difference: 0.75 at index (0, 0) (up to 1e-07 allowed)
-  expected: -0.0248689
-  actual:   -0.00621722
+  expected: -0.00483861
+  actual:   -0.00120965
 """)
 
     def test_tied_weights_not_synchronized(self) -> None:
@@ -146,10 +171,10 @@ First violation: gradients.embed.weight (step 1, rank 1, kind: gradient_mismatch
   Tensor-likes are not close!
 
   Mismatched elements: 36 / 36 (100.0%)
-  Greatest absolute difference: 0.0620487 at index (2, 2) (up to 1e-09 allowed)
-  Greatest relative difference: 214.447 at index (3, 2) (up to 1e-07 allowed)
-  expected: -0.00488271
-  actual:   0.057166
+  Greatest absolute difference: 0.0151717 at index (1, 4) (up to 1e-09 allowed)
+  Greatest relative difference: 281.661 at index (3, 0) (up to 1e-07 allowed)
+  expected: -0.000765082
+  actual:   0.0144066
 """)
 
     def test_a_stage_without_gradient(self) -> None:
@@ -162,9 +187,9 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   Tensor-likes are not close!
 
   Mismatched elements: 36 / 36 (100.0%)
-  Greatest absolute difference: 0.0248689 at index (5, 3) (up to 1e-09 allowed)
+  Greatest absolute difference: 0.00483861 at index (2, 3) (up to 1e-09 allowed)
   Greatest relative difference: 1.0 at index (0, 0) (up to 1e-07 allowed)
-  expected: -0.0248689
+  expected: -0.00483861
   actual:   0.0
 """)
 

@@ -121,7 +121,7 @@ def check_parallel(
 
 
 #: what else hangs a world of threads: the ranks run one at a time and hand the turn on only in torch.distributed's
-#: collectives and group set-up
+#: collectives, receives and group set-up
 THREADS_HANG = ("; on threads, a rank that waits anywhere else (a store, a group of another backend, a lock) keeps "
                 "every other rank from running")
 

@@ -3,11 +3,11 @@ collectives reduced in memory, so worlds of 8 to 64 ranks run on a machine of tw
 
 The group is torch's private test harness (`torch.testing._internal.distributed.multi_threaded_pg`, in every
 supported torch, 2.7 to 2.15): its collectives meet in `Collective.join`, where rank 0 of the group does the work
-for all. Threads of one process share its random generators, so the ranks here run one at a time (`Baton`): a rank
-holds the baton while it computes and hands it on while it waits in a collective or at the group's store barrier,
-and each rank's random streams (torch's CPU generator, numpy's and Python's global ones) travel with it. Each rank
-then draws what it would draw as a process, whatever order the threads are scheduled in, and the world is
-deterministic.
+for all; it has no send/recv, which `_Mailbox` gives it. Threads of one process share its random generators, so
+the ranks here run one at a time (`Baton`): a rank holds the baton while it computes and hands it on while it
+waits in a collective, in a receive or at the group's store barrier, and each rank's random streams (torch's CPU
+generator, numpy's and Python's global ones) travel with it. Each rank then draws what it would draw as a
+process, whatever order the threads are scheduled in, and the world is deterministic.
 
 The world lives in a child of the process engine (the check's timeout kills it, with every rank's stack); it
 changes process-wide state (torch.distributed's world becomes thread-local, autograd's multithreading is off)
@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 import threading
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -105,6 +107,68 @@ class Baton:
             self.take(rank)
 
 
+class _Mailbox:
+    """Point-to-point messages between the ranks, which torch's threaded group lacks (pipelines send activations and
+    gradients from stage to stage): a send leaves a copy of its tensor under (group, source, destination, tag) and
+    completes; a receive's `wait()` takes the first copy left there, in the order they were sent (as gloo matches
+    them), handing the baton on while it waits."""
+
+    def __init__(self, baton: Baton) -> None:
+        self.baton = baton
+        self.condition = threading.Condition()
+        self.letters: defaultdict[tuple[str, int, int, int], deque[torch.Tensor]] = defaultdict(deque)
+        self.stopped = False
+
+    def send(self, group: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _Sent:
+        with self.condition:
+            self.letters[group.pg_name, group._rank, dst, tag].append(tensors[0].detach().clone())
+            self.condition.notify_all()
+        return _Sent()
+
+    def recv(self, group: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _Receipt:
+        return _Receipt(self, (group.pg_name, src, group._rank, tag), tensors[0])
+
+    def take(self, key: tuple[str, int, int, int]) -> torch.Tensor:
+        with self.baton.waiting(), self.condition:
+            self.condition.wait_for(lambda: bool(self.letters[key]) or self.stopped)
+            if not self.letters[key]:  # another rank raised: leave as the group's collectives do
+                sys.exit("Test termination event occurs.")
+            return self.letters[key].popleft()
+
+    def stop(self) -> None:
+        with self.condition:
+            self.stopped = True
+            self.condition.notify_all()
+
+
+class _Sent(dist.distributed_c10d.Work):
+    """A send: complete once its copy is in the mailbox."""
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class _Receipt(dist.distributed_c10d.Work):
+    """A receive: its tensor is filled on `wait()`."""
+
+    def __init__(self, mailbox: _Mailbox, key: tuple[str, int, int, int], tensor: torch.Tensor) -> None:
+        super().__init__()
+        self.mailbox, self.key, self.tensor = mailbox, key, tensor
+        self.done = False
+
+    def wait(self, timeout: object = None) -> bool:
+        if not self.done:
+            self.tensor.detach().copy_(self.mailbox.take(self.key))
+            self.done = True
+        return True
+
+    def is_completed(self) -> bool:
+        return self.done
+
+
 class _RankEnvironment(os._Environ[str]):
     """`os.environ` for the world's time, as `torchrun` gives each process its own: RANK and LOCAL_RANK read as the
     rank of the thread that reads them (code written for torchrun picks its device and shard by them), WORLD_SIZE
@@ -142,6 +206,7 @@ class ThreadedWorld(Generic[T]):
     def __init__(self, size: int, body: Callable[[int], T]) -> None:
         self.size, self.body = size, body
         self.baton = Baton()
+        self.mailbox = _Mailbox(self.baton)
         self._results: dict[int, T] = {}
         self._failure: RankFailure | None = None
 
@@ -171,6 +236,7 @@ class ThreadedWorld(Generic[T]):
             if self._failure is None:  # the first to raise; the others exit from their collectives after it
                 self._failure = RankFailure(rank, error)
             threaded.ProcessLocalGroup.exception_handle(error)
+            self.mailbox.stop()
         finally:
             self.baton.hand_on()
 
@@ -199,9 +265,25 @@ class ThreadedWorld(Generic[T]):
         threaded.Collective.join = joined
         threaded._store_based_barrier = barrier_waiting(barrier)
         dist.distributed_c10d._store_based_barrier = barrier_waiting(c10d_barrier)
+        group = threaded.ProcessLocalGroup
+        own = {name: vars(group)[name] for name in ("send", "recv") if name in vars(group)}
+        mailbox = self.mailbox
+
+        def send(pg: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _Sent:
+            return mailbox.send(pg, tensors, dst, tag)
+
+        def recv(pg: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _Receipt:
+            return mailbox.recv(pg, tensors, src, tag)
+
+        group.send, group.recv = send, recv
         try:
             yield
         finally:
+            for name in ("send", "recv"):
+                if name in own:
+                    setattr(group, name, own[name])
+                else:
+                    delattr(group, name)
             threaded.Collective.join, threaded._store_based_barrier = join, barrier
             dist.distributed_c10d._store_based_barrier = c10d_barrier
             threaded.ProcessLocalGroup.reset()
