@@ -10,7 +10,9 @@ holding two in loop order), the loss a mean over each micro-batch, the schedule 
 number of micro-batches (`scale_grads=True`, its default). `tied=True` ties the head's weight to the input
 layer's (as a language model ties its embedding and output projection): the first and last stage each hold a copy
 and all-reduce its gradient, as Megatron-LM's embedding group does. `dp` replicas of the pipeline (a
-`("dp", "pp")` mesh) read other shards of the batch and all-reduce their gradients over `dp`.
+`("dp", "pp")` mesh) read other shards of the batch and keep their gradients in sync over `dp`: by an
+all-reduce after the schedule's step (`replicas="all_reduce"`), in DDP, or fully sharded (`replicas="fsdp"`, FSDP2
+on each layer, as torchtitan does).
 
 `FAULTS` are deliberate bugs; `examples/test_pipeline_mlp.py`, `test/test_pipeline.py` and `tools/validate.py`
 check that each is caught.
@@ -24,6 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 import trainparity as tp
 
@@ -41,6 +47,8 @@ FAULTS = (
     # the dp replicas shard the batch by the global rank instead of their dp rank: a pipeline's stages read
     # other samples
     "global_rank_sampler",
+    # the dp replicas of each stage never all-reduce their gradients
+    "replicas_unsynced",
     # the State holds the stage's own module, its layers numbered from 0 on every stage: not the whole model's
     # names (the check abstains and says how to lay stages out)
     "stage_names",
@@ -98,14 +106,29 @@ class Chunk(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
+def replicated(chunk: Chunk, replicas: str, mesh: DeviceMesh) -> nn.Module:
+    """The stage's module as its data-parallel replicas keep it in sync: by the recipe's own all-reduce after the
+    schedule's step ("all_reduce"), in DDP over the mesh's `dp` dimension, or with each layer fully sharded over it
+    (FSDP2, torchtitan's way)."""
+    if replicas == "ddp":
+        return DistributedDataParallel(chunk, process_group=mesh["dp"].get_group())
+    if replicas == "fsdp":
+        for layer in chunk.modules():
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(chunk, mesh=mesh["dp"])
+    return chunk
+
+
 def mean_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return ((output - target) ** 2).mean()
 
 
 class Pipeline(tp.Recipe):
     def __init__(self, schedule: str = "gpipe", microbatches: int = 2, fault: str | None = None,
-                 tied: bool = False, dp: int = 1) -> None:
+                 tied: bool = False, dp: int = 1, replicas: str = "all_reduce") -> None:
         self.schedule_name, self.microbatches, self.fault, self.tied, self.dp = schedule, microbatches, fault, tied, dp
+        self.replicas = replicas
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
@@ -127,10 +150,10 @@ class Pipeline(tp.Recipe):
         of = pp_size * virtual
         stages = [pp_rank + pp_size * v for v in range(virtual)]  # the interleaved schedule's loop order
         net.keep(stages, of)
-        group = mesh["pp"].get_group()
-        self.pipeline_stages = [
-            PipelineStage(Chunk(net, stage, of, detach_input=self.fault == "detached" and stage == of - 1), stage, of,
-                          torch.device("cpu"), group=group) for stage in stages]
+        chunks = [replicated(Chunk(net, stage, of, detach_input=self.fault == "detached" and stage == of - 1),
+                             self.replicas if dp > 1 else "all_reduce", mesh) for stage in stages]
+        self.pipeline_stages = [PipelineStage(chunk, stage, of, torch.device("cpu"), group=mesh["pp"].get_group())
+                                for chunk, stage in zip(chunks, stages, strict=True)]
         loss_fn = mean_squared_error
         if self.fault == "scaled_twice":
             def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -183,8 +206,9 @@ class Pipeline(tp.Recipe):
         if self.tied_group is not None and self.fault != "tied_unsynced":
             tied = net.embed if net.embed is not None else net.head
             assert tied is not None and tied.weight.grad is not None
-            dist.all_reduce(tied.weight.grad, group=self.tied_group)
-        if self.dp_size > 1:
+            grad = tied.weight.grad
+            dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.tied_group)
+        if self.dp_size > 1 and self.replicas == "all_reduce" and self.fault != "replicas_unsynced":
             for parameter in net.parameters():
                 assert parameter.grad is not None
                 dist.all_reduce(parameter.grad, group=self.dp_group)

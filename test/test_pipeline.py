@@ -26,23 +26,26 @@ def runnable(schedule: str, fault: str | None = None) -> None:
         pytest.skip(f"torch {torch.__version__}'s pipelining: {schedule} schedules hang on gloo, a detached stage raises")
 
 
-#: (schedule, micro-batches, tied, dp): micro-batches equal to, twice, and not a multiple of the stages
+#: (schedule, micro-batches, tied, dp, how the dp replicas of a stage sync): micro-batches equal to, twice, and not a
+#: multiple of the stages; dp x pp with the recipe's own all-reduce, DDP and FSDP2 per stage
 CORRECT = [
-    ("gpipe", 2, False, 1),
-    ("1f1b", 4, True, 1),
-    ("gpipe", 3, True, 1),
-    ("interleaved", 4, True, 1),
-    ("interleaved", 3, False, 1),
-    ("1f1b", 3, True, 2),
+    ("gpipe", 2, False, 1, "all_reduce"),
+    ("1f1b", 4, True, 1, "all_reduce"),
+    ("gpipe", 3, True, 1, "all_reduce"),
+    ("interleaved", 4, True, 1, "all_reduce"),
+    ("interleaved", 3, False, 1, "all_reduce"),
+    ("1f1b", 3, True, 2, "all_reduce"),
+    ("1f1b", 3, True, 2, "ddp"),
+    ("interleaved", 3, True, 2, "fsdp"),
 ]
 
 
-@pytest.mark.parametrize(("schedule", "microbatches", "tied", "dp"), CORRECT,
-                         ids=[f"{s}-{m}mb{'-tied' if t else ''}-dp{d}" for s, m, t, d in CORRECT])
+@pytest.mark.parametrize(("schedule", "microbatches", "tied", "dp", "replicas"), CORRECT,
+                         ids=[f"{s}-{m}mb{'-tied' if t else ''}-dp{d}-{r}" for s, m, t, d, r in CORRECT])
 def test_a_correct_pipeline_trains_like_the_whole_model_in_one_process(schedule: str, microbatches: int, tied: bool,
-                                                                      dp: int) -> None:
+                                                                      dp: int, replicas: str) -> None:
     runnable(schedule)
-    recipe = Pipeline(schedule=schedule, microbatches=microbatches, tied=tied, dp=dp)
+    recipe = Pipeline(schedule=schedule, microbatches=microbatches, tied=tied, dp=dp, replicas=replicas)
     result = tp.check_parallel(recipe, world_size=2 * dp, steps=2, timeout=60)
     assert result.outcome is tp.Outcome.PASS, result.report()
     assert result.violations == [] and result.notes == []
@@ -57,6 +60,8 @@ FAULTS: dict[str, tuple[Pipeline, int, str, int, str]] = {
     "detached": (Pipeline("gpipe", 2, "detached"), 2, "gradients.embed.weight", 0, "param_without_grad"),
     "global_rank_sampler": (Pipeline("1f1b", 3, "global_rank_sampler", dp=2), 4, "data.sample_ids", 1,
                             "peers_read_different_samples"),
+    "replicas_unsynced": (Pipeline("1f1b", 3, "replicas_unsynced", dp=2), 4, "gradients.embed.weight", 2,
+                          "grads_not_synchronized"),
 }
 
 
@@ -85,11 +90,13 @@ def test_pipelines_on_threads_are_judged_as_on_gloo(fault: str) -> None:
 
 
 def test_a_dp_x_pp_world_of_64_ranks_as_threads_trains_like_one_process() -> None:
-    """16 pipelines of 4 stages, one layer each, under 1F1B; and at 32 ranks, a sampler sharded by the global rank
-    is named at the first stage whose samples differ from its pipeline's first."""
-    result = tp.check_parallel(Pipeline("1f1b", 6, dp=16), world_size=64, backend="threads", steps=2, timeout=300)
+    """16 pipelines of 4 stages, one layer each, under 1F1B, each layer fully sharded over its 16 replicas; and at 16
+    ranks, a sampler sharded by the global rank is named at the first stage whose samples differ from its
+    pipeline's first."""
+    result = tp.check_parallel(Pipeline("1f1b", 6, dp=16, replicas="fsdp"), world_size=64, backend="threads", steps=2,
+                               timeout=300)
     assert result.outcome is tp.Outcome.PASS, result.report()
-    result = tp.check_parallel(Pipeline("gpipe", 3, "global_rank_sampler", dp=8), world_size=32, backend="threads",
+    result = tp.check_parallel(Pipeline("gpipe", 3, "global_rank_sampler", dp=8), world_size=16, backend="threads",
                                steps=1, timeout=300)
     first = result.first_violation
     assert first is not None and (first.path, first.rank, first.cause) == (

@@ -169,6 +169,12 @@ class _Receipt(dist.distributed_c10d.Work):
         return self.done
 
 
+class _Uncoalesced:
+    """The threaded group's backend as `batch_isend_irecv` asks about it: it sends and receives one by one."""
+
+    supports_coalescing = False
+
+
 class _RankEnvironment(os._Environ[str]):
     """`os.environ` for the world's time, as `torchrun` gives each process its own: RANK and LOCAL_RANK read as the
     rank of the thread that reads them (code written for torchrun picks its device and shard by them), WORLD_SIZE
@@ -266,7 +272,7 @@ class ThreadedWorld(Generic[T]):
         threaded._store_based_barrier = barrier_waiting(barrier)
         dist.distributed_c10d._store_based_barrier = barrier_waiting(c10d_barrier)
         group = threaded.ProcessLocalGroup
-        own = {name: vars(group)[name] for name in ("send", "recv") if name in vars(group)}
+        own = {name: vars(group)[name] for name in ("send", "recv", "_get_backend") if name in vars(group)}
         mailbox = self.mailbox
 
         def send(pg: Any, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _Sent:
@@ -275,11 +281,17 @@ class ThreadedWorld(Generic[T]):
         def recv(pg: Any, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _Receipt:
             return mailbox.recv(pg, tensors, src, tag)
 
-        group.send, group.recv = send, recv
+        def backend(pg: Any, device: Any) -> Any:
+            try:
+                return dist.ProcessGroup._get_backend(pg, device)
+            except RuntimeError:  # none for the threaded group: what batch_isend_irecv asks it (torch >= 2.14)
+                return _Uncoalesced()
+
+        group.send, group.recv, group._get_backend = send, recv, backend
         try:
             yield
         finally:
-            for name in ("send", "recv"):
+            for name in ("send", "recv", "_get_backend"):
                 if name in own:
                     setattr(group, name, own[name])
                 else:
