@@ -49,6 +49,8 @@ FAULTS = (
     "global_rank_sampler",
     # the dp replicas of each stage never all-reduce their gradients
     "replicas_unsynced",
+    # the dp replicas' gradients all-reduced with a sum and never divided by their number
+    "dp_summed",
     # the State holds the stage's own module, its layers numbered from 0 on every stage: not the whole model's
     # names (the check abstains and says how to lay stages out)
     "stage_names",
@@ -212,4 +214,5 @@ class Pipeline(tp.Recipe):
             for parameter in net.parameters():
                 assert parameter.grad is not None
                 dist.all_reduce(parameter.grad, group=self.dp_group)
-                parameter.grad /= self.dp_size
+                if self.fault != "dp_summed":
+                    parameter.grad /= self.dp_size

@@ -62,6 +62,7 @@ FAULTS: dict[str, tuple[Pipeline, int, str, int, str]] = {
                             "peers_read_different_samples"),
     "replicas_unsynced": (Pipeline("1f1b", 3, "replicas_unsynced", dp=2), 4, "gradients.embed.weight", 2,
                           "grads_not_synchronized"),
+    "dp_summed": (Pipeline("gpipe", 2, "dp_summed", dp=4), 8, "gradients.embed.weight", 0, "loss_not_averaged"),
 }
 
 

@@ -351,6 +351,8 @@ CASES = [
          Expect("gradients.embed.weight", "tied_weights_not_synchronized")),
     Case("parallel", "pipeline_mlp", "detached", "the last stage detaches its input: stage 0 gets no gradient",
          pipeline("gpipe", "detached", microbatches=2), Expect("gradients.embed.weight", "param_without_grad")),
+    Case("parallel", "pipeline_mlp", "dp_summed", "4 pipelines' gradients all-reduced with a sum, never divided",
+         pipeline("gpipe", "dp_summed", microbatches=2, dp=4), Expect("gradients.embed.weight", "loss_not_averaged")),
     Case("parallel", "pipeline_mlp", "global_rank_sampler", "dp replicas shard by the global rank: stages disagree",
          pipeline("1f1b", "global_rank_sampler", microbatches=3, dp=2),
          Expect("data.sample_ids", "peers_read_different_samples")),

@@ -11,16 +11,18 @@ check's processes, spawned as this process's children (`isolation="spawn"`) in a
 `--gloo` adds round 3's figures: a 2-rank FSDP2 check on gloo processes, and a resume check of the FSDP2 + DCP
 tiny GPT of examples/fsdp_gpt.py from 2 ranks to 1.
 
-Then the pipelines of examples/pipeline_mlp.py on gloo processes (the threaded group has no send/recv):
-2 stages under 1F1B (4 micro-batches, a tied weight), and 8 ranks as 4 pipelines of 2 stages (dp x pp), 3 steps
-each, against the same runs as plain training in the same run: the ranks and the reference (the whole model in a
-world of one), each a process forked from this warm interpreter, started together, joining gloo through a file
-store. Target: each check within 2x its plain runs.
+Then the pipelines of examples/pipeline_mlp.py: 2 stages under 1F1B (4 micro-batches, a tied weight), and 8 ranks
+as 4 pipelines of 2 stages (dp x pp), 3 steps each, on gloo processes and as threads, against the same runs as
+plain training in the same run: on gloo the ranks and the reference (the whole model in a world of one), each a
+process forked from this warm interpreter, started together, joining gloo through a file store; as threads, the
+reference and the world in this process, as `backend="threads"` runs them. Target: each check within 2x its plain
+runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -30,7 +32,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks._timing import ROOT, in_fresh_interpreter, machine, seconds, seed_like_the_checks, train
+from benchmarks._timing import (
+    ROOT,
+    in_fresh_interpreter,
+    machine,
+    plain_parallel_runs,
+    seconds,
+    seed_like_the_checks,
+    train,
+)
 
 TARGET = 2.0
 MEMORY_TARGET_GB = 4.0
@@ -147,15 +157,16 @@ def _pipeline_figures() -> bool:
               ("8 ranks: 4 pipelines x 2 stages, 1F1B, 3 micro-batches", 8, lambda: Pipeline("1f1b", 3, dp=4))]
     tp.check_parallel(worlds[0][2](), world_size=2, steps=1)  # starts the fork server
     failed = False
-    for name, world, make in worlds:
-        plain = _plain_gloo(make, world)
+    for (name, world, make), backend in itertools.product(worlds, ("gloo", "threads")):
+        plain = _plain_gloo(make, world) if backend == "gloo" else seconds(
+            lambda: plain_parallel_runs(make, world, STEPS))  # noqa: B023 - called at once
         results: list[tp.Result] = []
-        checked = seconds(lambda: results.append(tp.check_parallel(make(), world_size=world, steps=STEPS,  # noqa: B023
-                                                                   timeout=600)))
+        checked = seconds(lambda: results.append(tp.check_parallel(  # noqa: B023 - called at once
+            make(), world_size=world, backend=backend, steps=STEPS, timeout=600)))  # noqa: B023
         assert results[0].passed, results[0].report()
         ratio = checked / plain
         failed |= ratio > TARGET
-        print(f"pipeline, {name} (gloo): check {checked:.2f} s, plain runs {plain:.2f} s: {ratio:.2f}x "
+        print(f"pipeline, {name} ({backend}): check {checked:.2f} s, plain runs {plain:.2f} s: {ratio:.2f}x "
               f"(target <= {TARGET:g}x) {'ok' if ratio <= TARGET else 'OVER'}")
     return failed
 

@@ -128,7 +128,7 @@ def stage_differences(expected: RankStep, observed: Sequence[RankStep], stages: 
         for m in compared({name: expected.gradients.get(name)}, {name: gradients[rank].get(name)}, "gradients",
                           comparison):
             e, a = expected.gradients.get(name), gradients[rank].get(name)
-            cause, preface = _gradient_cause(e, a, rank, observed[rank].forwards, step_cause)
+            cause, preface = _gradient_cause(e, a, rank, (observed[rank].forwards, len(stages.pipelines)), step_cause)
             step_cause = step_cause or cause
             found.append((violation("gradient_mismatch", "gradients", m, expected.step, rank, cause, preface), e, a))
     found += _copies(expected, values, stages, comparison, "replicas", step_cause)
@@ -181,10 +181,13 @@ def _tied_preface(name: str, rank: int, first: int, expected: RankStep, held: Se
             "step (as Megatron-LM's embedding group does), so that every copy steps with the whole gradient.")
 
 
-def _gradient_cause(expected: Leaf, actual: Leaf, rank: int, microbatches: int,
+def _gradient_cause(expected: Leaf, actual: Leaf, rank: int, counts: tuple[int, int],
                     step_cause: str | None) -> tuple[str | None, str]:
     """Why a stage's gradient differs from the reference's: none where the reference has one (a stage cut from the
-    graph), or the number of micro-batches times it or one over it (the schedule's scaling)."""
+    graph), the number of micro-batches times it or one over it (the schedule's scaling), or the number of
+    pipelines times it (gradients summed over the dp replicas); `counts`: the stage's micro-batches a step, and the
+    pipelines."""
+    microbatches, pipelines = counts
     who = f"rank {rank}'s pipeline stage"
     if step_cause is None and isinstance(expected, torch.Tensor) and bool(expected.any()) and (
             actual is None or (isinstance(actual, torch.Tensor) and not bool(actual.any()))):
@@ -202,4 +205,9 @@ def _gradient_cause(expected: Leaf, actual: Leaf, rank: int, microbatches: int,
             f"The gradients of {who} are 1/{microbatches} of the reference's, one over the number of micro-batches "
             "it ran: the loss was divided by n_microbatches while the schedule scales the gradients by it too "
             "(scale_grads=True, the default).")
+    if step_cause is None and pipelines > 1 and scaled(expected, actual, pipelines):
+        return "loss_not_averaged", (
+            f"The gradients of {who} are {pipelines} times the reference's, the number of pipelines (the stage's "
+            "data-parallel replicas): the gradients were summed over the replicas where the full batch takes a mean "
+            "(an all-reduce with ReduceOp.SUM not divided by the dp size?).")
     return step_cause, f"The gradients of {who} at its optimizer step differ from the reference's."
