@@ -12,7 +12,8 @@ layer's (as a language model ties its embedding and output projection): the firs
 and all-reduce its gradient, as Megatron-LM's embedding group does. `dp` replicas of the pipeline (a
 `("dp", "pp")` mesh) read other shards of the batch and keep their gradients in sync over `dp`: by an
 all-reduce after the schedule's step (`replicas="all_reduce"`), in DDP, or fully sharded (`replicas="fsdp"`, FSDP2
-on each layer, as torchtitan does).
+on each layer, as torchtitan does). `tp` ranks split each stage's pairs of hidden layers (column- then
+row-parallel, `parallelize_module` on the mesh's `tp` dimension): dp x pp x tp.
 
 `FAULTS` are deliberate bugs; `examples/test_pipeline_mlp.py`, `test/test_pipeline.py` and `tools/validate.py`
 check that each is caught.
@@ -29,6 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
 import trainparity as tp
@@ -79,7 +81,8 @@ class Net(nn.Module):
                 del self.layers[str(index)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return Chunk(self, 0, 1)(x)
+        out: torch.Tensor = Chunk(self, 0, 1)(x)
+        return out
 
 
 def _layers_of(stage: int, of: int) -> range:
@@ -128,15 +131,18 @@ def mean_squared_error(output: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 class Pipeline(tp.Recipe):
     def __init__(self, schedule: str = "gpipe", microbatches: int = 2, fault: str | None = None,
-                 tied: bool = False, dp: int = 1, replicas: str = "all_reduce") -> None:
+                 tied: bool = False, dp: int = 1, replicas: str = "all_reduce", tp: int = 1) -> None:
         self.schedule_name, self.microbatches, self.fault, self.tied, self.dp = schedule, microbatches, fault, tied, dp
-        self.replicas = replicas
+        self.replicas, self.tp = replicas, tp
 
     def setup(self) -> tp.State:
         world = dist.get_world_size()
         torch.manual_seed(0)  # the same whole model on every rank, as one process builds it
         net = Net(self.tied)
-        optimizer = lambda: torch.optim.SGD(net.parameters(), lr=0.1)  # noqa: E731  (after the stages are cut)
+
+        def optimizer() -> torch.optim.Optimizer:  # built after the stages are cut
+            return torch.optim.SGD(net.parameters(), lr=0.1)
+
         self.schedule: Any = None
         self.dp_rank, self.dp_size, self.tied_group = 0, 1, None
         if world == 1:
@@ -144,14 +150,17 @@ class Pipeline(tp.Recipe):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-        dp = self.dp if world % self.dp == 0 and world > self.dp else 1
-        mesh = init_device_mesh("cpu", (dp, world // dp), mesh_dim_names=("dp", "pp"))
+        dp = self.dp if world % (self.dp * self.tp) == 0 and world > self.dp * self.tp else 1
+        mesh = init_device_mesh("cpu", (dp, world // (dp * self.tp), self.tp), mesh_dim_names=("dp", "pp", "tp"))
         pp_rank, pp_size = mesh["pp"].get_local_rank(), mesh["pp"].size()
         self.dp_rank, self.dp_size, self.dp_group = mesh["dp"].get_local_rank(), dp, mesh["dp"].get_group()
         virtual = 2 if self.schedule_name == "interleaved" else 1
         of = pp_size * virtual
         stages = [pp_rank + pp_size * v for v in range(virtual)]  # the interleaved schedule's loop order
         net.keep(stages, of)
+        if self.tp > 1:  # each stage's pairs of layers: column- then row-parallel, the activations between sharded
+            parallelize_module(net.layers, mesh["tp"], {
+                name: ColwiseParallel() if int(name) % 2 == 0 else RowwiseParallel() for name in net.layers})
         chunks = [replicated(Chunk(net, stage, of, detach_input=self.fault == "detached" and stage == of - 1),
                              self.replicas if dp > 1 else "all_reduce", mesh) for stage in stages]
         self.pipeline_stages = [PipelineStage(chunk, stage, of, torch.device("cpu"), group=mesh["pp"].get_group())
@@ -168,9 +177,10 @@ class Pipeline(tp.Recipe):
         self.first, self.last = pp_rank == 0, pp_rank == pp_size - 1
         if self.fault == "stage_names":
             return tp.State(model=self.pipeline_stages[0].submod, optimizer=optimizer())
-        if self.tied:  # every rank makes every group, in the same order
-            ends = [dist.new_group([int(row[0]), int(row[-1])]) for row in mesh.mesh]
-            self.tied_group = ends[self.dp_rank]
+        if self.tied:  # every rank makes every group (the ends of each pipeline), in the same order
+            ends = {(d, t): dist.new_group([int(mesh.mesh[d, 0, t]), int(mesh.mesh[d, -1, t])])
+                    for d in range(dp) for t in range(self.tp)}
+            self.tied_group = ends[self.dp_rank, mesh["tp"].get_local_rank()]
         return tp.State(model=net, optimizer=optimizer())
 
     def batches(self, state: tp.State) -> Iterator[Any]:
@@ -192,7 +202,7 @@ class Pipeline(tp.Recipe):
         state.optimizer.zero_grad()
         if self.schedule is None:
             loss = mean_squared_error(state.model(x), y)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             state.optimizer.step()
             return float(loss.detach())
         losses: list[torch.Tensor] = []
@@ -213,6 +223,7 @@ class Pipeline(tp.Recipe):
         if self.dp_size > 1 and self.replicas == "all_reduce" and self.fault != "replicas_unsynced":
             for parameter in net.parameters():
                 assert parameter.grad is not None
-                dist.all_reduce(parameter.grad, group=self.dp_group)
+                grad = parameter.grad.to_local() if isinstance(parameter.grad, DTensor) else parameter.grad
+                dist.all_reduce(grad, group=self.dp_group)
                 if self.fault != "dp_summed":
-                    parameter.grad /= self.dp_size
+                    grad /= self.dp_size

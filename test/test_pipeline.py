@@ -104,6 +104,19 @@ def test_a_dp_x_pp_world_of_64_ranks_as_threads_trains_like_one_process() -> Non
         "data.sample_ids", 1, "peers_read_different_samples"), result.report()
 
 
+def test_pipelines_of_tensor_parallel_stages_train_like_one_process() -> None:
+    """dp x pp x tp at 8 ranks as threads: each stage's pair of layers column- then row-parallel over `tp` (DTensors,
+    gathered before they are compared), a weight tied across the first and last stage of each pipeline."""
+    result = tp.check_parallel(Pipeline("gpipe", 2, tied=True, dp=2, tp=2), world_size=8, backend="threads", steps=2,
+                               timeout=120)
+    assert result.outcome is tp.Outcome.PASS, result.report()
+    result = tp.check_parallel(Pipeline("gpipe", 2, "not_scaled", dp=2, tp=2), world_size=8, backend="threads",
+                               steps=1, timeout=120)
+    first = result.first_violation
+    assert first is not None and (first.path, first.rank, first.cause) == (
+        "gradients.embed.weight", 0, "loss_not_scaled"), result.report()
+
+
 def test_stages_that_do_not_hold_a_scaled_gradient_are_not_blamed_for_it() -> None:
     """Every stage of a pipeline without scaling holds n_microbatches times the reference's gradients: each is named
     with the same cause, the later stage's parameters included."""

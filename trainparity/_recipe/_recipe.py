@@ -74,8 +74,9 @@ class Recipe(Generic[S]):
             )
         return _epochs(state.loader)
 
-    def step(self, state: S, batch: Any) -> torch.Tensor | float | LossAccounting:
-        """Train on one batch and return its loss."""
+    def step(self, state: S, batch: Any) -> torch.Tensor | float | LossAccounting | None:
+        """Train on one batch and return its loss; None on the ranks of a pipeline that compute none (the parallel
+        check compares no losses; the checks that do ask for one)."""
         raise NotImplementedError(f"{type(self).__name__} must define step(self, state, batch)")
 
     def sample_ids(self, batch: Any) -> Sequence[int | str] | torch.Tensor | None:
