@@ -189,25 +189,30 @@ def _gradient_cause(expected: Leaf, actual: Leaf, rank: int, counts: tuple[int, 
     pipelines."""
     microbatches, pipelines = counts
     who = f"rank {rank}'s pipeline stage"
-    if step_cause is None and isinstance(expected, torch.Tensor) and bool(expected.any()) and (
+    if step_cause is not None:
+        return step_cause, f"The gradients of {who} at its optimizer step differ from the reference's."
+    if isinstance(expected, torch.Tensor) and bool(expected.any()) and (
             actual is None or (isinstance(actual, torch.Tensor) and not bool(actual.any()))):
         return WITHOUT_GRAD, (
             f"The parameters of {who} got {'no' if actual is None else 'a zero'} gradient at its optimizer step, "
             "where the reference's is nonzero: backward never reached this stage (its output, or the next stage's "
             "input, detached or computed under torch.no_grad()?).")
-    if step_cause is None and microbatches > 1 and scaled(expected, actual, microbatches):
-        return "loss_not_scaled", (
-            f"The gradients of {who} are {microbatches} times the reference's, the number of micro-batches it ran: "
-            "each micro-batch's loss is a mean over the micro-batch and their gradients were summed without dividing "
-            "by their number (a schedule built with scale_grads=False, and a loss_fn not divided by n_microbatches).")
-    if step_cause is None and microbatches > 1 and scaled(actual, expected, microbatches):
-        return "loss_scaled_twice", (
-            f"The gradients of {who} are 1/{microbatches} of the reference's, one over the number of micro-batches "
-            "it ran: the loss was divided by n_microbatches while the schedule scales the gradients by it too "
-            "(scale_grads=True, the default).")
-    if step_cause is None and pipelines > 1 and scaled(expected, actual, pipelines):
-        return "loss_not_averaged", (
-            f"The gradients of {who} are {pipelines} times the reference's, the number of pipelines (the stage's "
-            "data-parallel replicas): the gradients were summed over the replicas where the full batch takes a mean "
-            "(an all-reduce with ReduceOp.SUM not divided by the dp size?).")
-    return step_cause, f"The gradients of {who} at its optimizer step differ from the reference's."
+    #: (factor, whether the stage's gradients are the reference's divided by it, cause, what it means)
+    scalings = [
+        (microbatches, False, "loss_not_scaled",
+         f"are {microbatches} times the reference's, the number of micro-batches it ran: each micro-batch's loss is "
+         "a mean over the micro-batch and their gradients were summed without dividing by their number (a schedule "
+         "built with scale_grads=False, and a loss_fn not divided by n_microbatches)"),
+        (microbatches, True, "loss_scaled_twice",
+         f"are 1/{microbatches} of the reference's, one over the number of micro-batches it ran: the loss was "
+         "divided by n_microbatches while the schedule scales the gradients by it too (scale_grads=True, the "
+         "default)"),
+        (pipelines, False, "loss_not_averaged",
+         f"are {pipelines} times the reference's, the number of pipelines (the stage's data-parallel replicas): the "
+         "gradients were summed over the replicas where the full batch takes a mean (an all-reduce with "
+         "ReduceOp.SUM not divided by the dp size?)"),
+    ]
+    for factor, divided, cause, told in scalings:
+        if factor > 1 and (scaled(actual, expected, factor) if divided else scaled(expected, actual, factor)):
+            return cause, f"The gradients of {who} {told}."
+    return None, f"The gradients of {who} at its optimizer step differ from the reference's."
