@@ -144,7 +144,8 @@ class Pipeline(tp.Recipe):
             return torch.optim.SGD(net.parameters(), lr=0.1)
 
         self.schedule: Any = None
-        self.dp_rank, self.dp_size, self.tied_group = 0, 1, None
+        self.dp_rank, self.dp_size = 0, 1
+        self.tied_group: dist.ProcessGroup | None = None
         if world == 1:
             return tp.State(model=net, optimizer=optimizer())
         from torch.distributed.device_mesh import init_device_mesh
@@ -180,7 +181,9 @@ class Pipeline(tp.Recipe):
         if self.tied:  # every rank makes every group (the ends of each pipeline), in the same order
             ends = {(d, t): dist.new_group([int(mesh.mesh[d, 0, t]), int(mesh.mesh[d, -1, t])])
                     for d in range(dp) for t in range(self.tp)}
-            self.tied_group = ends[self.dp_rank, mesh["tp"].get_local_rank()]
+            tied_group = ends[self.dp_rank, mesh["tp"].get_local_rank()]
+            assert isinstance(tied_group, dist.ProcessGroup)  # a member of its group
+            self.tied_group = tied_group
         return tp.State(model=net, optimizer=optimizer())
 
     def batches(self, state: tp.State) -> Iterator[Any]:
