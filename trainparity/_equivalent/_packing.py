@@ -67,7 +67,7 @@ def cross_document_reads(model: nn.Module, args: tuple[Any, ...], kwargs: dict[s
     handle = embedding.register_forward_hook(leaf)
     try:
         model.eval()
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(True):  # typed on every torch, enable_grad not
             output = _output_tensor(model(*args, **kwargs))
             if output is None or not leaves or output.dim() < 2:
                 return []

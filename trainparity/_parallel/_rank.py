@@ -254,9 +254,9 @@ class GradientReductions(HookSet):
             self._gradients = {pointer: (name, parameter) for name, parameter in self.observer.parameters()
                                if (pointer := _storage(parameter)) is not None}
             found = self._gradients.get(tensor.data_ptr())
-        if found is not None:
-            ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-            self.reductions.append(Reduction(found[0], sorted(ranks)))
+        reduced_over = group or dist.group.WORLD
+        if found is not None and reduced_over is not None:
+            self.reductions.append(Reduction(found[0], sorted(dist.get_process_group_ranks(reduced_over))))
 
     def take(self) -> list[Reduction]:
         reductions, self.reductions = self.reductions, []
