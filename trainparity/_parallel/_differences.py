@@ -1,4 +1,5 @@
-"""What the parallel check's judges share: snapshots compared by name, violations built, gradients scaled."""
+"""What the parallel check's judges share: snapshots compared by name, violations built, gradients scaled, shapes
+read."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from trainparity._state._compare import (
     ignored,
     ignoring,
 )
+from trainparity._state._digest import Digest
 
 
 def compared(expected: Snapshot, actual: Snapshot, root: str, comparison: Comparison) -> Iterator[Mismatch]:
@@ -50,3 +52,8 @@ def scaled(expected: Leaf, actual: Leaf, world_size: int) -> bool:
     if not expected.is_floating_point() or expected.shape != actual.shape or not bool(expected.any()):
         return False
     return compare_leaves(expected * world_size, actual, RATIO_TOLERANCE) is None
+
+
+def shape_of(leaf: Leaf) -> tuple[int, ...] | None:
+    """A recorded tensor's shape (a digest's, for a tensor too large to keep); None for anything else."""
+    return tuple(leaf.shape) if isinstance(leaf, (torch.Tensor, Digest)) else None

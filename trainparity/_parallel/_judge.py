@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trainparity._parallel._differences import compared, scaled, violation
+from trainparity._parallel._differences import compared, scaled, shape_of, violation
 from trainparity._parallel._megatron import HOW_TO_MARK, assembled
 from trainparity._parallel._mesh import Mesh, dimension_of, is_data_dim, named, peer_groups
 from trainparity._parallel._shards import peer_violations, reads_whole_batch, shard_violations
@@ -37,7 +37,6 @@ from trainparity._state._compare import (
     ToleranceComparison,
     compare_leaves,
 )
-from trainparity._state._digest import Digest
 
 #: torch.testing.assert_close's defaults, used only to say that an exact FAIL is rounding-level
 ROUNDING = {
@@ -56,8 +55,7 @@ NOT_REPLICAS = ("The check compares every rank's whole model (a DTensor's shards
 
 
 def _shapes(parameters: dict[str, Leaf]) -> dict[str, tuple[int, ...] | None]:
-    return {path: tuple(leaf.shape) if isinstance(leaf, (torch.Tensor, Digest)) else None
-            for path, leaf in parameters.items()}
+    return {path: shape_of(leaf) for path, leaf in parameters.items()}
 
 
 def layout_difference(reference: RankTrace, ranks: Sequence[RankTrace]) -> str | None:

@@ -20,12 +20,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from trainparity._parallel._differences import compared, scaled, violation
+from trainparity._parallel._differences import compared, scaled, shape_of, violation
 from trainparity._parallel._tensor_parallel import sums_to
 from trainparity._parallel._trace import RankStep, RankTrace
 from trainparity._results._violation import Violation, listed
 from trainparity._state._compare import Comparison, Leaf, Snapshot
-from trainparity._state._digest import Digest
 
 #: how to hold a stage so that the check can match it to the whole model
 HOW_TO_LAY_OUT = ("build the whole model on every rank and delete the layers the rank does not own (del "
@@ -53,16 +52,12 @@ class Stages:
         return next(pipeline for pipeline in self.pipelines if rank in pipeline)
 
 
-def _shape(leaf: Leaf) -> tuple[int, ...] | None:
-    return tuple(leaf.shape) if isinstance(leaf, (torch.Tensor, Digest)) else None
-
-
 def stages_of(reference: RankTrace, ranks: Sequence[RankTrace]) -> Stages | str | None:
     """The pipeline the ranks make; None when every rank holds the whole model (no pipeline), and why not when
     they hold parts of it in a way the check cannot match to the reference's model."""
     if not reference.steps or not ranks or any(not trace.steps for trace in ranks):
         return None
-    expected = {path: _shape(leaf) for path, leaf in reference.steps[0].parameters.items()}
+    expected = {path: shape_of(leaf) for path, leaf in reference.steps[0].parameters.items()}
     names = [{name: reference.aliases.get(name, name) for name in trace.steps[0].parameters} for trace in ranks]
     if all(set(held.values()) >= expected.keys() for held in names):
         return None
@@ -70,11 +65,11 @@ def stages_of(reference: RankTrace, ranks: Sequence[RankTrace]) -> Stages | str 
     for rank, (trace, held) in enumerate(zip(ranks, names, strict=True)):
         unknown = sorted(name for name, whole in held.items() if whole not in expected)
         reshaped = sorted(name for name, whole in held.items() if whole in expected and
-                          _shape(trace.steps[0].parameters[name]) != expected[whole])
+                          shape_of(trace.steps[0].parameters[name]) != expected[whole])
         if unknown:
             problems.append(f"rank {rank} holds {listed(unknown, 3)}, which the reference's model does not")
         for name in reshaped[:1]:
-            problems.append(f"{name} is {list(_shape(trace.steps[0].parameters[name]) or [])} on rank {rank} and "
+            problems.append(f"{name} is {list(shape_of(trace.steps[0].parameters[name]) or [])} on rank {rank} and "
                             f"{list(expected[held[name]] or [])} in the reference")
     unheld = sorted(expected.keys() - {whole for held in names for whole in held.values()})
     if unheld:
