@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from trainparity._accumulation._diagnoses import close, norm
-from trainparity._equivalent._run import GRADIENTS, EquivalentTrace
+from trainparity._equivalent._run import EquivalentTrace
 from trainparity._observe._checkpoints import CheckpointRegion
 from trainparity._results._result import RunsResult
 from trainparity._results._violation import JsonValue, Outcome, Violation
-from trainparity._resume._trace import StepRecord
+from trainparity._resume._trace import GRADIENTS, StepRecord
 from trainparity._state._compare import EXACT, Comparison, Leaf, compare_leaves, compare_snapshots, ignored
 
 #: a violation, the reference's leaf at its path and the candidate's -> a cause, or None

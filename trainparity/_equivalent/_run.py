@@ -24,7 +24,7 @@ from trainparity._observe._records import StepEvent
 from trainparity._observe._watches import Float64Only
 from trainparity._recipe._recipe import LossAccounting, batch_iterator, loss_value, next_batch, require_state
 from trainparity._recipe._reference import RecipeRef
-from trainparity._resume._trace import StepRecord
+from trainparity._resume._trace import GRADIENTS, StepRecord
 from trainparity._state._compare import Snapshot
 from trainparity._state._entries import (
     State,
@@ -43,8 +43,6 @@ from trainparity._state._precision import (
 )
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import flatten, snapshot_rng, snapshot_state
-
-GRADIENTS = "gradients."
 
 
 @dataclasses.dataclass(frozen=True)

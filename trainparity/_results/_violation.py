@@ -135,7 +135,8 @@ class ChildError:
     @classmethod
     def raised(cls, record: dict[str, Any], phase: str, rank: int | None = None) -> ChildError:
         """From `_child.error_record`: the recipe's exception as type name, message and traceback."""
-        return cls("raised", phase, record["message"], record["exc_type"], record["traceback"], rank=rank)
+        return cls("raised", phase, record["message"], record["exc_type"], record["traceback"],
+                   rank=record.get("rank", rank))
 
     def to_dict(self) -> dict[str, JsonValue]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

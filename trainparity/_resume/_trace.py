@@ -33,6 +33,9 @@ from trainparity._state._precision import cast_batch, convert_state, running_in
 from trainparity._state._rng import seed_everything
 from trainparity._state._snapshot import Digesting, snapshot_rng, snapshot_state
 
+#: the prefix of the gradients at an optimizer step, where a run records them in its State's snapshot
+GRADIENTS = "gradients."
+
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
@@ -63,6 +66,19 @@ class Boundary:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankCopy:
+    """A State path (or gradient) whose copy on `rank` differs, after `step` or at the load, from the copy on
+    `first`: the lowest of the ranks of a torchrun launch that hold the same paths (replicas of one another)."""
+
+    step: int
+    rank: int
+    first: int
+    mismatch: Mismatch
+    #: in the State right after the load of the checkpoint written after `step`, not after the step
+    at_load: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class RunTrace:
     """One run of the resume check: its steps, and the State right after load() and right after save()."""
 
@@ -75,6 +91,8 @@ class RunTrace:
     rank_local: list[str] = dataclasses.field(default_factory=list)
     #: a script's: per State entry (or `data.sample_ids`), which of its framework's checkpoint holders saves it
     holders: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: a torchrun-launched script's: where its replicas' copies differ, at the first step where any do
+    copies: list[RankCopy] = dataclasses.field(default_factory=list)
 
 
 def record_steps(recipe: Recipe, state: State, first: int, last: int,

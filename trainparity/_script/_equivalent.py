@@ -6,7 +6,9 @@ the same hooks as `check_resume_script` with the gradients at each optimizer ste
 Per step, in observation order: the samples of the step (as a multiset: micro-batches may cut
 them differently), the loss, the gradients, the state after the step. Gradients `k` times the
 reference's are `loss_not_scaled`, `1/k` times `loss_scaled_twice`, as in the accumulation check.
-RNG streams are not compared: two commands may draw differently and still train the same.
+RNG streams are not compared: two commands may draw differently and still train the same. A command launched
+by `torchrun` is observed on every rank (`_launch`): a single-process script checks against its multi-rank launch,
+and replicas of the launch that disagree lead their step's violations (`grads_not_synchronized`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trainparity._results._result import RunsResult
 from trainparity._results._violation import Outcome
 from trainparity._resume._trace import RunTrace
 from trainparity._script._hook import ScriptRun
+from trainparity._script._launch import copy_violations
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, ignored, resolve_comparison
 from trainparity._validation import check_globs, check_int
@@ -80,7 +83,14 @@ def judge_runs(reference: RunTrace, repeat: RunTrace, candidate: RunTrace, compa
     unstable = not_reproducible(reference.steps, repeat.steps, comparison, compared, config)
     if unstable is not None:
         return unstable
-    violations = [v for e, a in zip(reference.steps, candidate.steps, strict=False)
-                  for v in step_violations(e, a, comparison, compared)]
+    if reference.copies:
+        disagreeing = copy_violations(reference)[0]
+        return RunsResult(Outcome.ABSTAIN, [disagreeing], config=config, reason=(
+            f"the reference's ranks disagree: {disagreeing.path} differs between ranks at step {disagreeing.step}"))
+    replicas = [v for v in copy_violations(candidate) if compared(v.path)]
+    compared_steps = [v for e, a in zip(reference.steps, candidate.steps, strict=False)
+                      for v in step_violations(e, a, comparison, compared)]
+    # a step's disagreeing replicas first: they say why the launch differs from the reference there
+    violations = sorted(replicas + compared_steps, key=lambda v: v.step or 0)
     notes = configuration_note(sorted(configured), "commands at every step")
     return RunsResult(Outcome.FAIL if violations else Outcome.PASS, violations, notes, config=config)

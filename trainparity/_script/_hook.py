@@ -15,7 +15,8 @@ interrupted run once the script's first checkpoint written at or after `resume_a
 state is taken at that checkpoint's first file; the process ends when the script next steps its
 optimizer (or exits), after its asynchronous saves have completed: a checkpoint of several files
 (the model as safetensors or DCP, then the optimizer, then the RNG states) is written entirely,
-as it is when a real job is preempted after saving.
+as it is when a real job is preempted after saving. Under `torchrun` each worker is observed so, as
+`rank-<RANK>` of the launch, and the launcher writes the launch's one trace (`_launch`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,16 @@ from trainparity._observe._hooks import creates_state, step_closure
 from trainparity._process import _wire as wire
 from trainparity._process._child import ERROR_FILE, JOB_DIRECTORY, RAISED_EXIT, RESULT_FILE, error_record
 from trainparity._records import fields_of, read
-from trainparity._resume._trace import Boundary, RunTrace, StepRecord
+from trainparity._resume._trace import GRADIENTS, Boundary, RunTrace, StepRecord
 from trainparity._script._frameworks import FrameworkObjects
+from trainparity._script._launch import (
+    SAVED,
+    install_launcher,
+    is_launcher,
+    rank_directory,
+    wait_for_peers,
+    worker_rank,
+)
 from trainparity._state._entries import State, parameter_names
 from trainparity._state._snapshot import Digesting, flatten, snapshot_rng, snapshot_state
 
@@ -99,9 +108,11 @@ class ScriptRun:
 
 
 class Recorder:
-    def __init__(self, run: ScriptRun, workdir: pathlib.Path) -> None:
+    def __init__(self, run: ScriptRun, workdir: pathlib.Path, launch: pathlib.Path | None = None) -> None:
         self.run = run
         self.workdir = workdir
+        #: the torchrun launch this process is a worker of: the checkpoint of any of its ranks ends the interrupted run
+        self.launch = launch
         self.step = run.first - 1
         if run.first == 0:
             assert run.handoff is not None, "a resumed run without a first step reads it from the handoff"
@@ -174,6 +185,9 @@ class Recorder:
             self.clock = optimizer
         if optimizer is not self.clock or self.finished:
             return
+        if self.run.mode == "interrupted" and self.saved is None and self.launch is not None and \
+                (self.launch / SAVED).exists():
+            self.take_saved()  # another rank saved: this one's state is the one it had after that step
         if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
             self.finish()
         self.take_start()
@@ -211,7 +225,7 @@ class Recorder:
             for group in optimizer.param_groups:
                 for parameter in group["params"]:
                     if parameter.grad is not None and id(parameter) in names:
-                        flatten(f"gradients.{names[id(parameter)]}", parameter.grad, out,
+                        flatten(f"{GRADIENTS}{names[id(parameter)]}", parameter.grad, out,
                                 self.run.digesting(self.step + 1))
         return out
 
@@ -235,9 +249,14 @@ class Recorder:
     def after_save(self) -> None:
         """A file of a checkpoint was written: the first at or after `resume_at` fixes the saved state."""
         if self.run.mode == "interrupted" and self.step >= self.run.resume_at and self.saved is None:
-            self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), snapshot_rng())
-            if self.run.handoff is not None:
-                pathlib.Path(self.run.handoff).write_text(str(self.step))
+            self.take_saved()
+            if self.launch is not None:
+                (self.launch / SAVED).write_text(str(self.step))
+
+    def take_saved(self) -> None:
+        self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), snapshot_rng())
+        if self.run.handoff is not None:
+            pathlib.Path(self.run.handoff).write_text(str(self.step))
 
     def write(self) -> None:
         for future in self.pending:
@@ -251,6 +270,8 @@ class Recorder:
         """Write the trace and end the process: a real exit, as a job killed after its checkpoint."""
         self.finished = True
         self.write()
+        if self.launch is not None:
+            wait_for_peers()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -260,18 +281,27 @@ RECORDER: Recorder | None = None
 
 
 def install_from_environment() -> None:
+    """Observe this process; torchrun's launcher leaves the check's environment to its workers, each observed as
+    `rank-<RANK>` of the launch (`_launch`)."""
+    if is_launcher():
+        install_launcher(pathlib.Path(os.environ[JOB_DIRECTORY]))
+        return
     run = ScriptRun.from_json(os.environ.pop(ENVIRONMENT))
-    install(run, pathlib.Path(os.environ.pop(JOB_DIRECTORY)))
+    workdir = pathlib.Path(os.environ.pop(JOB_DIRECTORY))
+    rank = worker_rank()
+    install(run, workdir if rank is None else rank_directory(workdir, rank), None if rank is None else workdir)
 
 
-def install(run: ScriptRun, workdir: pathlib.Path) -> None:
+def install(run: ScriptRun, workdir: pathlib.Path, launch: pathlib.Path | None = None) -> None:
+    """Observe the script in this process, writing its trace to `workdir`; `launch`: the directory of the torchrun
+    launch this process is a worker of."""
     global RECORDER
     if run.handoff is not None and run.mode == "resumed" and not pathlib.Path(run.handoff).exists():
         # The interrupted run ended without a checkpoint (its own ERROR says so): nothing to resume.
         wire.dump(error_record(RuntimeError("the interrupted run wrote no checkpoint to resume from")),
                   workdir / ERROR_FILE)
         os._exit(RAISED_EXIT)
-    recorder = RECORDER = Recorder(run, workdir)
+    recorder = RECORDER = Recorder(run, workdir, launch)
     register_optimizer_step_pre_hook(recorder.before_step)
     register_optimizer_step_post_hook(recorder.after_step)
 

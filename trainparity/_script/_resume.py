@@ -5,7 +5,8 @@ The script is observed through hooks installed before its first line (`_hook`, b
 and when it saves. Four runs: two uninterrupted baselines of `steps` optimizer steps, the
 interrupted run ended right after the script's first checkpoint at or after `resume_at`, and
 `resume_command` continuing from it in the same directory. Their traces are `RunTrace`s, judged
-by the same `judge_resume` as recipes.
+by the same `judge_resume` as recipes. A `torchrun` command is observed on every rank (`_launch`), and the ranks
+of the resumed launch that disagree where uninterrupted ones agree lead its violations (restored on one rank only).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from trainparity._process import _session
 from trainparity._process._options import Deadline
 from trainparity._process._scratch import scratch_directory
 from trainparity._results._result import ResumeResult
-from trainparity._results._violation import ChildError
+from trainparity._results._violation import ChildError, Outcome
 from trainparity._resume._judge import judge_resume
 from trainparity._resume._trace import RunTrace, Whole
 from trainparity._resume._values import fetch_values, values_wanted
 from trainparity._script._hook import ScriptRun
+from trainparity._script._launch import copy_violations
 from trainparity._script._runs import Command, ScriptRuns, parse_command, parse_environment, run_error
 from trainparity._state._compare import Comparison, compare_snapshots, resolve_comparison
 from trainparity._validation import check_int, check_resume_at
@@ -128,7 +130,19 @@ def _run_and_judge(runs: ScriptRuns, chains: pathlib.Path, commands: tuple[list[
         notes += fetch_values(wanted, (baseline, interrupted, resumed), saved_at, rerun)
         result = judge_resume(baseline, repeat, interrupted, resumed, saved_at, declared, config, script=True)
     result.notes.extend(notes)
-    return result
+    return _with_replicas(result, baseline, resumed)
+
+
+def _with_replicas(result: ResumeResult, baseline: RunTrace, resumed: RunTrace) -> ResumeResult:
+    """A torchrun launch whose replicas disagree once resumed, and not uninterrupted, FAILs with them first: the
+    resume set them apart (a checkpoint loaded on one rank only)."""
+    if baseline.copies:
+        first = baseline.copies[0]
+        result.notes.append(f"the launch's ranks disagree in uninterrupted training too ({first.mismatch.path} at step "
+                            f"{first.step}): check_runs_equivalent against one process names why.")
+    if baseline.copies or not resumed.copies or result.outcome not in (Outcome.PASS, Outcome.FAIL):
+        return result
+    return ResumeResult(Outcome.FAIL, copy_violations(resumed) + result.violations, result.notes, result.config)
 
 
 def _drop_unseeded_streams(baseline: RunTrace, traces: Sequence[RunTrace]) -> list[str]:
