@@ -53,6 +53,9 @@ FAULTS = (
     "replicas_unsynced",
     # the dp replicas' gradients all-reduced with a sum and never divided by their number
     "dp_summed",
+    # the first stage adds a feature from each row's position in the tensor it is given (torch.arange over the
+    # rows), not from its sample: the positions start again in every micro-batch
+    "row_positions",
     # the State holds the stage's own module, its layers numbered from 0 on every stage: not the whole model's
     # names (the check abstains and says how to lay stages out)
     "stage_names",
@@ -62,8 +65,9 @@ FAULTS = (
 class Net(nn.Module):
     """The whole model; `keep(stages, of)` deletes what the stages a rank does not hold own."""
 
-    def __init__(self, tied: bool) -> None:
+    def __init__(self, tied: bool, row_positions: bool = False) -> None:
         super().__init__()
+        self.row_positions = row_positions
         self.embed: nn.Linear | None = nn.Linear(WIDTH, WIDTH)
         self.layers = nn.ModuleDict({str(index): nn.Linear(WIDTH, WIDTH) for index in range(LAYERS)})
         self.head: nn.Linear | None = nn.Linear(WIDTH, WIDTH, bias=False)
@@ -100,10 +104,13 @@ class Chunk(nn.Module):
         self.layers = nn.ModuleList([net.layers[str(index)] for index in _layers_of(stage, of)])
         self.head = net.head if stage == of - 1 else None
         self.detach_input = detach_input
+        self.row_positions = net.row_positions and stage == 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.detach_input:
             x = x.detach()
+        if self.row_positions:
+            x = x + 0.01 * torch.arange(len(x), dtype=x.dtype)[:, None]
         if self.embed is not None:
             x = self.embed(x)
         for layer in self.layers:
@@ -138,7 +145,7 @@ class Pipeline(tp.Recipe):
     def setup(self) -> tp.State:
         world = dist.get_world_size()
         torch.manual_seed(0)  # the same whole model on every rank, as one process builds it
-        net = Net(self.tied)
+        net = Net(self.tied, row_positions=self.fault == "row_positions")
 
         def optimizer() -> torch.optim.Optimizer:  # built after the stages are cut
             return torch.optim.SGD(net.parameters(), lr=0.1)

@@ -52,7 +52,7 @@ def test_a_correct_pipeline_trains_like_the_whole_model_in_one_process(schedule:
 
 
 #: fault -> (recipe, world size, the first violation's path, rank and cause)
-FAULTS: dict[str, tuple[Pipeline, int, str, int, str]] = {
+FAULTS: dict[str, tuple[Pipeline, int, str, int, str | None]] = {
     "not_scaled": (Pipeline("interleaved", 3, "not_scaled"), 2, "gradients.embed.weight", 0, "loss_not_scaled"),
     "scaled_twice": (Pipeline("1f1b", 4, "scaled_twice"), 2, "gradients.embed.weight", 0, "loss_scaled_twice"),
     "tied_unsynced": (Pipeline("gpipe", 2, "tied_unsynced", tied=True), 2, "gradients.embed.weight", 1,
@@ -63,6 +63,8 @@ FAULTS: dict[str, tuple[Pipeline, int, str, int, str]] = {
     "replicas_unsynced": (Pipeline("1f1b", 3, "replicas_unsynced", dp=2), 4, "gradients.embed.weight", 2,
                           "grads_not_synchronized"),
     "dp_summed": (Pipeline("gpipe", 2, "dp_summed", dp=4), 8, "gradients.embed.weight", 0, "loss_not_averaged"),
+    # the forward diverges in the second of three micro-batches on the first stage (see the report's snapshot)
+    "row_positions": (Pipeline("1f1b", 3, "row_positions"), 2, "outputs.model.embed", 0, None),
 }
 
 
@@ -212,6 +214,22 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   Greatest relative difference: 1.0 at index (0, 0) (up to 1e-07 allowed)
   expected: -0.00483861
   actual:   0.0
+""")
+
+    def test_a_forward_that_diverges_in_one_micro_batch(self) -> None:
+        self.assertExpectedInline(self.first_violation("row_positions"), """\
+trainparity parallel check: FAIL at outputs.model.embed (output_mismatch, step 1, rank 0)
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('1f1b', 3, 'row_positions')", seed=0, steps=2, world_size=2
+
+First violation: outputs.model.embed (step 1, rank 0, kind: output_mismatch)
+  model.embed (Linear) returned other values on rank 0, stage 0 of its pipeline, in micro-batch 2 of 3 than in the reference for the same samples: the step's forward diverges first there (every earlier micro-batch, and this one's earlier stages, agree).
+  Tensor-likes are not close!
+
+  Mismatched elements: 192 / 192 (100.0%)
+  Greatest absolute difference: 0.390397 at index (0, 0) (up to 1e-09 allowed)
+  Greatest relative difference: 20967.0 at index (6, 1) (up to 1e-07 allowed)
+  expected: 1.21733
+  actual:   0.826937
 """)
 
 

@@ -356,6 +356,8 @@ CASES = [
     Case("parallel", "pipeline_mlp", "global_rank_sampler", "dp replicas shard by the global rank: stages disagree",
          pipeline("1f1b", "global_rank_sampler", microbatches=3, dp=2),
          Expect("data.sample_ids", "peers_read_different_samples")),
+    Case("parallel", "pipeline_mlp", "row_positions", "a feature from each row's position: restarts per micro-batch",
+         pipeline("1f1b", "row_positions", microbatches=3), Expect("outputs.model.embed", None, fields=(("rank", 0),))),
     # -- frozen: what fine-tuning freezes stays put ------------------------------------------------------
     Case("frozen", "finetune", "clean", "stem and first stage frozen after a warm-up, their BatchNorms in eval",
          frozen()),

@@ -10,7 +10,8 @@ through the reference's names for it.
 Per step, each parameter's gradient and value are compared across the ranks that hold it (the replicas of its
 stage, the stages that share a tied weight), then the first holder's with the reference's. A gradient the
 number of micro-batches times the reference's, or one over it, names the schedule's scaling; a stage with no
-gradient where the reference has one, a stage cut from the graph.
+gradient where the reference has one, a stage cut from the graph. Before them, the first module output that
+differs from the reference's rows, micro-batch by micro-batch and stage by stage: where the forward diverges.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ import torch
 
 from trainparity._parallel._differences import compared, scaled, shape_of, violation
 from trainparity._parallel._tensor_parallel import sums_to
-from trainparity._parallel._trace import RankStep, RankTrace
+from trainparity._parallel._trace import ModuleOutput, RankStep, RankTrace
 from trainparity._results._violation import Violation, listed
-from trainparity._state._compare import Comparison, Leaf, Snapshot
+from trainparity._state._compare import Comparison, Leaf, Snapshot, compare_leaves
 
 #: how to hold a stage so that the check can match it to the whole model
 HOW_TO_LAY_OUT = ("build the whole model on every rank and delete the layers the rank does not own (del "
@@ -118,6 +119,7 @@ def stage_differences(expected: RankStep, observed: Sequence[RankStep], stages: 
     values = [_renamed(step.parameters, names) for step, names in zip(observed, stages.names, strict=True)]
     found = _copies(expected, gradients, stages, comparison, "gradients", None)
     step_cause = found[0][0].cause if found else None
+    found[:0] = microbatch_divergence(expected, observed, stages, comparison)
     for name, holders in stages.holders.items():
         rank = holders[0]
         for m in compared({name: expected.gradients.get(name)}, {name: gradients[rank].get(name)}, "gradients",
@@ -135,6 +137,60 @@ def stage_differences(expected: RankStep, observed: Sequence[RankStep], stages: 
                                     f"The parameters of rank {rank}'s pipeline stage after the step differ from the "
                                     "reference's."), expected.parameters.get(name), values[rank].get(name)))
     return found
+
+
+def microbatch_divergence(expected: RankStep, observed: Sequence[RankStep], stages: Stages,
+                          comparison: Comparison) -> Found:
+    """Where the step's forward diverges first: micro-batch by micro-batch, and within one stage by stage along each
+    pipeline, the first module output that differs from the reference's rows for the same samples (the schedule
+    cuts each pipeline's batch into `torch.tensor_split` chunks along the first dimension). A module's calls in a
+    step are its micro-batches but for the first ones (a stage runs its module once more in its first step, to
+    infer shapes); outputs not a batch's rows in the reference (sampled, another first dimension), and a rank's
+    outputs of another shape than those rows (the shard of a tensor-parallel layer) are passed over."""
+    batch = expected.sample_ids
+    reference = {output.key: output for output in expected.outputs if output.stride == 1 and output.shape and
+                 batch is not None and output.shape[0] == len(batch)}
+    if batch is None or not reference or len(set(map(str, batch))) != len(batch):
+        return []
+    where = {str(sample): index for index, sample in enumerate(batch)}
+    for pipeline in stages.pipelines:
+        ids = observed[pipeline[0]].sample_ids
+        if ids is None or any(str(sample) not in where for sample in ids):
+            continue
+        counts = {observed[rank].forwards for rank in pipeline}
+        if len(counts) != 1 or 0 in counts:
+            continue
+        microbatches = counts.pop()
+        rows = torch.tensor_split(torch.tensor([where[str(sample)] for sample in ids]), microbatches)
+        calls = {rank: _microbatch_calls(observed[rank], microbatches) for rank in pipeline}
+        for index, chunk in enumerate(rows):
+            for stage, rank in enumerate(pipeline):
+                for key, outputs in calls[rank].items():
+                    wanted = reference.get(key)
+                    actual = outputs[index]
+                    if wanted is None or actual.stride != 1 or actual.shape != [len(chunk), *wanted.shape[1:]]:
+                        continue  # a shard of a tensor-parallel layer's output: not the whole rows
+                    mismatch = compare_leaves(wanted.values[chunk], actual.values, comparison)
+                    if mismatch is not None:
+                        preface = (f"{wanted.module} returned other values on rank {rank}, stage {stage} of its "
+                                   f"pipeline, in micro-batch {index + 1} of {microbatches} than in the reference for "
+                                   "the same samples: the step's forward diverges first there (every earlier "
+                                   "micro-batch, and this one's earlier stages, agree).")
+                        return [(violation("output_mismatch", "outputs", dataclasses.replace(mismatch, path=key),
+                                           expected.step, rank, None, preface), wanted.values[chunk], actual.values)]
+    return []
+
+
+def _microbatch_calls(step: RankStep, microbatches: int) -> dict[str, list[ModuleOutput]]:
+    """A rank's module outputs in the step by key without the call number (`model.layers.2`, `...#3`): the last
+    `microbatches` calls of each, which ran the micro-batches in order."""
+    calls: dict[str, list[ModuleOutput]] = {}
+    for output in step.outputs:
+        path = output.module.rsplit(" (", 1)[0]
+        rest = output.key[len(path):]
+        suffix = rest.lstrip("#0123456789") if rest.startswith("#") else rest
+        calls.setdefault(path + suffix, []).append(output)
+    return {key: outputs[-microbatches:] for key, outputs in calls.items() if len(outputs) >= microbatches}
 
 
 def _copies(expected: RankStep, held: Sequence[Snapshot], stages: Stages, comparison: Comparison, root: str,
