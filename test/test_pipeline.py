@@ -216,6 +216,17 @@ First violation: gradients.embed.weight (step 1, rank 0, kind: gradient_mismatch
   actual:   0.0
 """)
 
+    def test_a_pipeline_whose_stages_read_other_samples(self) -> None:
+        self.assertExpectedInline(self.first_violation("global_rank_sampler"), """\
+trainparity parallel check: FAIL at data.sample_ids (peers_read_different_samples, step 1, rank 1)
+config: backend='gloo', comparison='tolerance(rtol=1e-07, atol=1e-09), the float64 default', isolation='process', precision='float64', recipe="pipeline_mlp:Pipeline('1f1b', 3, 'global_rank_sampler', dp=2)", seed=0, steps=2, world_size=4
+
+First violation: data.sample_ids (step 1, rank 1, kind: peer_mismatch, cause: peers_read_different_samples)
+  Rank 1 read other samples than rank 0, its peer along the model dimensions: ranks that differ only along the model dimensions compute one replica of the model and must read the same shard of the batch (is the sampler given the global rank and world size instead of the data-parallel dimension's, mesh['dp'].get_local_rank() and mesh['dp'].size()?).
+  expected: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, ... (24 items)]
+  actual:   [24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, ... (24 items)]
+""")
+
     def test_a_forward_that_diverges_in_one_micro_batch(self) -> None:
         self.assertExpectedInline(self.first_violation("row_positions"), """\
 trainparity parallel check: FAIL at outputs.model.embed (output_mismatch, step 1, rank 0)
