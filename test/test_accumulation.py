@@ -602,6 +602,15 @@ def test_quickstart_outcomes_are_as_expected(capsys: pytest.CaptureFixture[str])
     assert "trainparity accumulation check: PASS" in out and "cause: loss_not_scaled" in out
 
 
+def test_a_quickstart_fails_when_its_bug_is_caught_as_something_else() -> None:
+    from trainparity.quickstarts import shown
+
+    clean = tp.RunsResult(tp.Outcome.PASS, [])
+    broken = tp.RunsResult(tp.Outcome.FAIL, [tp.Violation("gradient_mismatch", "gradients.w", "", cause="a")])
+    assert shown(clean, broken, "a") == 0 and shown(clean, broken, "gradient_mismatch") == 0
+    assert shown(clean, broken, "b") == 1 and shown(broken, broken) == 1 and shown(clean, clean) == 1
+
+
 # -- the observer's watches, each alone ----------------------------------------------------------------------
 
 

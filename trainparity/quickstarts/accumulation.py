@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import trainparity as tp
+from trainparity.quickstarts import shown
 
 
 class Regression(tp.Recipe):
@@ -65,12 +66,8 @@ def main() -> int:
     # Both runs compute in float64 (precision="float64", the default), where one fixed tolerance separates
     # rounding from bugs on any machine: no comparison needs declaring.
     clean = tp.check_accumulation(Regression, microbatches=4, cycles=2)
-    print(clean.report(), end="\n\n")
     broken = tp.check_accumulation(ForgetsToScale, microbatches=4, cycles=2)
-    print(broken.report())
-    first = broken.first_violation
-    as_expected = clean.passed and first is not None and first.cause == "loss_not_scaled"
-    return 0 if as_expected else 1
+    return shown(clean, broken, "loss_not_scaled")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import trainparity as tp
+from trainparity.quickstarts import shown
 
 DATASET = 32
 WORLD_SIZE = 4
@@ -46,12 +47,8 @@ def epochs_read(rank_of: Any) -> list[dict[int, list[Any]]]:
 
 def main() -> int:
     clean = tp.check_coverage(epochs_read(lambda rank: rank), policy=POLICY, sample_ids=lambda b: b[0])
-    print(clean.report(), end="\n\n")
     broken = tp.check_coverage(epochs_read(lambda rank: 0), policy=POLICY, sample_ids=lambda b: b[0])
-    print(broken.report())
-    first = broken.first_violation
-    as_expected = clean.passed and first is not None and first.kind == "cross_rank_duplicate"
-    return 0 if as_expected else 1
+    return shown(clean, broken, "cross_rank_duplicate")
 
 
 if __name__ == "__main__":

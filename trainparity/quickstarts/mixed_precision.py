@@ -19,6 +19,7 @@ from torch import nn
 from torch.amp.grad_scaler import GradScaler  # torch 2.7's stubs do not export it from torch.amp
 
 import trainparity as tp
+from trainparity.quickstarts import shown
 
 
 class AmpRegression(tp.Recipe):
@@ -62,12 +63,8 @@ class ClipsScaledGradients(AmpRegression):
 
 def main() -> int:
     clean = tp.check_mixed_precision(AmpRegression, steps=4)
-    print(clean.report(), end="\n\n")
     broken = tp.check_mixed_precision(ClipsScaledGradients, steps=4)
-    print(broken.report())
-    first = broken.first_violation
-    as_expected = clean.passed and first is not None and first.cause == "clip_before_unscale"
-    return 0 if as_expected else 1
+    return shown(clean, broken, "clip_before_unscale")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 import trainparity as tp
+from trainparity.quickstarts import shown
 
 
 class FineTune(tp.Recipe):
@@ -62,12 +63,8 @@ class HeadReplacedAfterOptimizer(FineTune):
 
 def main() -> int:
     clean = tp.check_optimizer_coverage(FineTune)
-    print(clean.report(), end="\n\n")
     broken = tp.check_optimizer_coverage(HeadReplacedAfterOptimizer)
-    print(broken.report())
-    first = broken.first_violation
-    as_expected = clean.passed and first is not None and first.cause == "optimizer_for_other_model"
-    return 0 if as_expected else 1
+    return shown(clean, broken, "optimizer_for_other_model")
 
 
 if __name__ == "__main__":

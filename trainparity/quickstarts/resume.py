@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 import trainparity as tp
+from trainparity.quickstarts import shown
 
 
 class Regression(tp.Recipe):
@@ -76,11 +77,8 @@ class ForgetsScheduler(Regression):
 
 def main() -> int:
     clean = tp.check_resume(Regression, steps=6, resume_at=3)
-    print(clean.report(), end="\n\n")
     broken = tp.check_resume(ForgetsScheduler, steps=6, resume_at=3)
-    print(broken.report())
-    as_expected = clean.outcome is tp.Outcome.PASS and broken.outcome is tp.Outcome.FAIL
-    return 0 if as_expected else 1
+    return shown(clean, broken)
 
 
 if __name__ == "__main__":
