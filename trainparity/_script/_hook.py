@@ -51,10 +51,11 @@ from trainparity._records import fields_of, read
 from trainparity._resume._trace import GRADIENTS, Boundary, RunTrace, StepRecord
 from trainparity._script._frameworks import FrameworkObjects
 from trainparity._script._launch import (
-    SAVED,
     install_launcher,
     is_launcher,
+    mark_saved,
     rank_directory,
+    saved_after,
     wait_for_peers,
     worker_rank,
 )
@@ -185,9 +186,12 @@ class Recorder:
             self.clock = optimizer
         if optimizer is not self.clock or self.finished:
             return
-        if self.run.mode == "interrupted" and self.saved is None and self.launch is not None and \
-                (self.launch / SAVED).exists():
-            self.take_saved()  # another rank saved: this one's state is the one it had after that step
+        if self.run.mode == "interrupted" and self.saved is None and self.launch is not None:
+            saved_at = saved_after(self.launch)
+            # another rank saved after a step this one has taken too (not one it has yet to finish): this rank's
+            # state is the one it had after that step
+            if saved_at is not None and self.step >= saved_at:
+                self.take_saved()
         if self.saved is not None:  # the checkpoint taken after the last step is whole: end here
             self.finish()
         self.take_start()
@@ -251,7 +255,7 @@ class Recorder:
         if self.run.mode == "interrupted" and self.step >= self.run.resume_at and self.saved is None:
             self.take_saved()
             if self.launch is not None:
-                (self.launch / SAVED).write_text(str(self.step))
+                mark_saved(self.launch, self.step)
 
     def take_saved(self) -> None:
         self.saved = Boundary(snapshot_state(self.state(), self.run.digesting(0)), snapshot_rng())

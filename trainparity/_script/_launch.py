@@ -3,8 +3,9 @@
 The check's `sitecustomize` runs in torchrun's own process (the launcher) and in each worker it starts. The launcher
 observes nothing: it leaves the check's environment to its workers and, as it exits, reads what they wrote (each
 in `rank-<RANK>/` of the run's directory) and writes the run's one trace, or the error of the rank that failed
-first. A worker is observed as a script run alone is; in the interrupted run it ends at its next optimizer step
-after any rank's checkpoint, since most data-parallel scripts save on rank 0 only.
+first. A worker is observed as a script run alone is; in the interrupted run it ends at its first optimizer step
+after the step any rank saved after, since most data-parallel scripts save on rank 0 only. Workers end together
+(`wait_for_peers`).
 
 The launch's trace, per step: the sample IDs of the replicas of one stage in rank order (together, the step's
 batch; a pipeline's stages read the same samples), the mean of the losses the ranks computed (each rank's loss is
@@ -36,7 +37,8 @@ MODEL = "model."
 STEPPED = re.compile(r"^optimizer(\.\d+)?\.param_groups\.\d+\.params$")
 #: the store's keys that count the workers that ended their run, and say that all did
 ARRIVED, ALL_ARRIVED = "trainparity/ended", "trainparity/all-ended"
-#: the file a worker leaves in the launch's directory once its rank wrote a checkpoint the interrupted run ends at
+#: the file a worker leaves in the launch's directory once its rank wrote a checkpoint the interrupted run ends at:
+#: the step after which it saved
 SAVED = "saved"
 
 
@@ -57,6 +59,23 @@ def rank_directory(launch: pathlib.Path, rank: int) -> pathlib.Path:
     directory = launch / f"rank-{rank}"
     directory.mkdir(exist_ok=True)
     return directory
+
+
+def mark_saved(launch: pathlib.Path, step: int) -> None:
+    """Tell the launch's other workers that this rank's checkpoint after `step` ends the interrupted run (written,
+    then renamed into place: a reader never sees part of it)."""
+    partial = launch / f"{SAVED}.{os.getpid()}"
+    partial.write_text(str(step))
+    os.replace(partial, launch / SAVED)
+
+
+def saved_after(launch: pathlib.Path) -> int | None:
+    """The step after which a rank of the launch saved the checkpoint the interrupted run ends at; None before any
+    did."""
+    try:
+        return int((launch / SAVED).read_text())
+    except FileNotFoundError:
+        return None
 
 
 def wait_for_peers() -> None:
