@@ -84,6 +84,7 @@ def test_a_launch_resumes_as_it_trains() -> None:
     assert result.outcome is tp.Outcome.PASS, result.report()
 
 
+@pytest.mark.exact
 def test_the_launch_s_trace_joins_its_ranks_steps() -> None:
     """The samples of one stage's replicas in rank order, the mean of the losses, each path as the lowest rank
     holding it has it (the parameters the optimizers step: every stage's), the steps every rank took, and where
